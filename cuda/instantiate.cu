@@ -1,0 +1,3 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <kvsift/cuda/memory.cuh>
+#include <kvsift/cuda/policy.cuh>
