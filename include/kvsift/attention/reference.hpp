@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Reference attention on the CPU: softmax(q . k / sqrt(d)) applied to values, over a dense
+// causal range or over a kept index set, GQA (query head h reads KV head h / G), any element
+// type. The exact reference the sparse CUDA kernel and the conformance vectors compare with.
+
+#include <kvsift/core/segments.hpp>
+#include <kvsift/core/shape.hpp>
+#include <kvsift/core/view.hpp>
+#include <kvsift/cpu/math.hpp>
+#include <kvsift/cpu/parallel.hpp>
+
+#include <cmath>
+#include <span>
+#include <vector>
+
+namespace kvsift::attention {
+
+// One query over `count` keys/values given by row accessors key(i), value(i) (pointers to d
+// elements). Writes out[d]; if `weights` is given, the probabilities [count].
+template <class KeyAt, class ValueAt>
+void attend_row(const float* q, int d, int count, KeyAt&& key, ValueAt&& value, float* out,
+                float* weights = nullptr) {
+  std::vector<float> local;
+  float* w = weights;
+  if (w == nullptr) {
+    local.resize(static_cast<std::size_t>(count));
+    w = local.data();
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int i = 0; i < count; ++i) w[i] = cpu::dot(q, key(i), d) * scale;
+  cpu::softmax(std::span<float>(w, static_cast<std::size_t>(count)));
+  for (int c = 0; c < d; ++c) out[c] = 0.0f;
+  for (int i = 0; i < count; ++i) {
+    const auto* v = value(i);
+    const float wi = w[i];
+    for (int c = 0; c < d; ++c) out[c] += wi * to_float(v[c]);
+  }
+}
+
+// Decode attention of one request's step over a plan: q [q_heads, d], plan = one ascending slot
+// set per KV head (segments in head order), out [q_heads, d].
+template <class Store>
+void attend_plan(const Store& store, int request, int layer, const float* q,
+                 const index_sets& plan, float* out) {
+  const model_shape& sh = store.shape();
+  const int G = sh.group_size();
+  const int d = sh.head_dim;
+  for (int hq = 0; hq < sh.q_heads; ++hq) {
+    const int h = hq / G;
+    const auto seq = sh.sequence(request, layer, h);
+    const auto slots = plan[h];
+    attend_row(
+        q + static_cast<std::size_t>(hq) * d, d, static_cast<int>(slots.size()),
+        [&](int i) { return store.key(seq, slots[i]); },
+        [&](int i) { return store.value(seq, slots[i]); }, out + static_cast<std::size_t>(hq) * d);
+  }
+}
+
+// Causal attention over dense views: queries [nq, q_heads, d] at positions
+// first_query_position + i, keys/values [n, kv_heads, d] at positions 0..n-1. If `kept` is given
+// (one ascending set per KV head), a query sees only kept keys at positions <= its own.
+// out: [nq, q_heads, d] (nhd). weights (optional): [q_heads, nq, n], 0 for keys not seen.
+template <class T, class L>
+void causal(kv_view<const float, nhd> queries, int first_query_position, kv_view<const T, L> keys,
+            kv_view<const T, L> values, float* out, float* weights = nullptr,
+            const index_sets* kept = nullptr) {
+  const int d = queries.dim;
+  const int n = keys.tokens;
+  const int nq = queries.tokens;
+  const int G = queries.heads / keys.heads;
+  cpu::parallel_for(static_cast<std::int64_t>(queries.heads) * nq, [&](std::int64_t job) {
+    const int hq = static_cast<int>(job / nq);
+    const int i = static_cast<int>(job % nq);
+    const int h = hq / G;
+    const int pos = first_query_position + i;
+    std::vector<std::int32_t> idx;
+    if (kept != nullptr) {
+      for (const auto j : (*kept)[h]) {
+        if (j <= pos) idx.push_back(j);
+      }
+    } else {
+      for (int j = 0; j <= std::min(pos, n - 1); ++j) idx.push_back(j);
+    }
+    std::vector<float> w(idx.size());
+    attend_row(
+        queries.row(i, hq), d, static_cast<int>(idx.size()),
+        [&](int t) { return keys.row(idx[t], h); }, [&](int t) { return values.row(idx[t], h); },
+        out + (static_cast<std::size_t>(i) * queries.heads + hq) * d, w.data());
+    if (weights != nullptr) {
+      float* row = weights + (static_cast<std::size_t>(hq) * nq + i) * n;
+      std::fill(row, row + n, 0.0f);
+      for (std::size_t t = 0; t < idx.size(); ++t) row[idx[t]] = w[t];
+    }
+  });
+}
+
+}  // namespace kvsift::attention

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The component concepts. Every component opts in by name (`using kvsift_role = ..._tag;`) and
+// then must provide the required expressions; a type never models a concept by accident.
+// Scorers and selectors also name their granularity (`token_level` or `page_level`), so a page
+// selector composed with token scores does not compile.
+
+#include <kvsift/core/element.hpp>
+#include <kvsift/core/memory_space.hpp>
+#include <kvsift/core/segments.hpp>
+#include <kvsift/core/shape.hpp>
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+namespace kvsift {
+
+// Opt-in role tags.
+struct store_tag {};
+struct scorer_tag {};
+struct selector_tag {};
+struct budgeter_tag {};
+struct transfer_tag {};
+struct trigger_tag {};
+
+// Granularity of scores and selections.
+struct token_level {};  // one score / one kept index per token
+struct page_level {};   // one score / one kept index per page of tokens
+
+// When a trigger is asked whether a selection should be refreshed.
+enum class lifecycle_event {
+  prefill_chunk,  // after a chunk of a layer's prompt was appended (not the last one)
+  prefill_end,    // after the last chunk of a layer's prompt was appended
+  decode_step     // after a decode step's attention (effects show from the next step)
+};
+
+// What a trigger sees about one head-sequence when it is asked.
+struct trigger_context {
+  lifecycle_event event = lifecycle_event::prefill_end;
+  int step = 0;         // decode step t (1-based); 0 during prefill
+  int length = 0;       // resident tokens of the head-sequence
+  int frozen = 0;       // tokens before this slot are final (never rescored), e.g. LagKV's base
+  int budget = 0;       // the head-sequence's budget in tokens
+};
+
+// What a budgeter is asked: the budget of every head-sequence of one layer of a ragged batch.
+struct budget_context {
+  int layer = 0;                     // the layer being compressed
+  int layers = 1;                    // layers of the model
+  int kv_heads = 1;                  // segments per request
+  std::span<const int> lengths;      // [requests * kv_heads] resident tokens per head-sequence
+};
+
+namespace detail {
+template <class T, class Tag>
+concept opts_in = requires { typename T::kvsift_role; } &&
+                  std::same_as<typename T::kvsift_role, Tag>;
+template <class T>
+concept has_granularity = requires { typename T::granularity; } &&
+                          (std::same_as<typename T::granularity, token_level> ||
+                           std::same_as<typename T::granularity, page_level>);
+}  // namespace detail
+
+// KvStore: where each head-sequence's keys and values live.
+// A type S models KvStore if:
+//  1. it opts in with `using kvsift_role = kvsift::store_tag;` and names its `element_type`
+//     (float, half or bfloat16) and `memory_space`;
+//  2. `length(seq)` is the number of resident tokens of head-sequence `seq`
+//     (shape().sequence(request, layer, head)), `position(seq, slot)` the original position of
+//     its slot-th resident token; positions ascend with slots and survive compaction;
+//  3. `key(seq, slot)` / `value(seq, slot)` point at `shape().head_dim` contiguous elements;
+//  4. `retain(request, layer, kept)` keeps exactly the listed slots of each KV head (one
+//     ascending segment per head) and really releases the rest: `resident_bytes()` drops;
+//     it validates everything before it mutates anything;
+//  5. `resident_bytes()` counts the key and value bytes resident in the store's space.
+template <class S>
+concept KvStore =
+    detail::opts_in<S, store_tag> && Element<typename S::element_type> &&
+    MemorySpace<typename S::memory_space> &&
+    requires(S& s, const S& cs, std::int64_t seq, int slot, int request, int layer,
+             const index_sets& kept) {
+      { cs.shape() } -> std::convertible_to<model_shape>;
+      { cs.length(seq) } -> std::convertible_to<int>;
+      { cs.position(seq, slot) } -> std::convertible_to<std::int32_t>;
+      { cs.key(seq, slot) } -> std::convertible_to<const typename S::element_type*>;
+      { cs.value(seq, slot) } -> std::convertible_to<const typename S::element_type*>;
+      { cs.resident_bytes() } -> std::convertible_to<std::int64_t>;
+      s.retain(request, layer, kept);
+    };
+
+// Scorer: how important each token (or page) of a head-sequence is.
+// A type T models Scorer if:
+//  1. it opts in with `using kvsift_role = kvsift::scorer_tag;`, names its `granularity`
+//     and has a `params` aggregate whose defaults are the paper's;
+//  2. for a store and a batch it writes one score segment per head-sequence of the layer
+//     (request-major, then KV head): higher means more important; for token_level one score
+//     per resident slot, for page_level one per page;
+//  3. it never needs attention probabilities from the engine's kernel: attention-based
+//     scorers recompute what they need from the queries they are given and the stored keys;
+//  4. the result is deterministic and independent of thread count.
+template <class T>
+concept Scorer = detail::opts_in<T, scorer_tag> && detail::has_granularity<T> &&
+                 requires { typename T::params; } && std::is_aggregate_v<typename T::params>;
+
+// Selector: which tokens (or pages) to keep given scores and a budget.
+// A type T models Selector if:
+//  1. it opts in with `using kvsift_role = kvsift::selector_tag;` and names its `granularity`;
+//  2. `select(scores, budgets, kept)` writes per segment the kept indices, ascending, with
+//     |kept| = min(budget, n) for token budgets, protected indices (sink, window) always kept;
+//  3. ties break deterministically: higher score first, then the lower index;
+//  4. a budget smaller than the protected tokens is a kvsift::error, thrown before any output.
+template <class T>
+concept Selector = detail::opts_in<T, selector_tag> && detail::has_granularity<T> &&
+                   requires { typename T::params; } &&
+                   requires(const T& sel, const score_sets& scores, std::span<const int> budgets,
+                            index_sets& kept) { sel.select(scores, budgets, kept); };
+
+// Budgeter: how many tokens each head-sequence may keep.
+// A type T models Budgeter if:
+//  1. it opts in with `using kvsift_role = kvsift::budgeter_tag;` and has a `params` aggregate;
+//  2. `budgets(ctx, out)` writes one budget in tokens per head-sequence of ctx (every kept token
+//     counts, protected ones included); a budget >= the length keeps everything.
+template <class T>
+concept Budgeter = detail::opts_in<T, budgeter_tag> && requires { typename T::params; } &&
+                   requires(const T& b, const budget_context& ctx, std::vector<int>& out) {
+                     b.budgets(ctx, out);
+                   };
+
+// Transfer: how KV moves between memory spaces.
+// A type T models Transfer if:
+//  1. it opts in with `using kvsift_role = kvsift::transfer_tag;`;
+//  2. `bytes_moved()` counts every byte it has moved; a copy it starts is complete, at the
+//     latest, when `wait()` returns (synchronous transfers complete before returning).
+template <class T>
+concept Transfer = detail::opts_in<T, transfer_tag> && requires(T& t, const T& ct) {
+  { ct.bytes_moved() } -> std::convertible_to<std::int64_t>;
+  t.wait();
+};
+
+// Trigger: when a selection is refreshed.
+// A type T models Trigger if:
+//  1. it opts in with `using kvsift_role = kvsift::trigger_tag;` and has a `params` aggregate;
+//  2. `fires(ctx)` answers for one head-sequence at one lifecycle event, deterministically.
+template <class T>
+concept Trigger = detail::opts_in<T, trigger_tag> && requires { typename T::params; } &&
+                  requires(const T& t, const trigger_context& ctx) {
+                    { t.fires(ctx) } -> std::convertible_to<bool>;
+                  };
+
+// A scorer and a selector compose when they work at the same granularity.
+template <class Sc, class Se>
+concept SameGranularity = Scorer<Sc> && Selector<Se> &&
+                          std::same_as<typename Sc::granularity, typename Se::granularity>;
+
+}  // namespace kvsift

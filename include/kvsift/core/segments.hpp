@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Ragged batches. A family of per-segment arrays is stored CSR-style: the segments'
+// elements concatenated in `values` and `offsets[s] .. offsets[s + 1]` delimiting segment s.
+// One segment is one head-sequence (request x layer x KV head) or, for page-level data, the
+// pages of one head-sequence. This is exactly the input of CUB's segmented algorithms.
+
+#include <kvsift/core/error.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvsift {
+
+template <class T>
+struct segmented {
+  std::vector<T> values;                // [offsets.back()] the segments, concatenated
+  std::vector<std::int32_t> offsets{0};  // [segments() + 1] CSR offsets, offsets[0] = 0
+
+  [[nodiscard]] int segments() const { return static_cast<int>(offsets.size()) - 1; }
+  [[nodiscard]] int size(int s) const { return offsets[s + 1] - offsets[s]; }
+  [[nodiscard]] std::span<T> operator[](int s) {
+    return {values.data() + offsets[s], static_cast<std::size_t>(size(s))};
+  }
+  [[nodiscard]] std::span<const T> operator[](int s) const {
+    return {values.data() + offsets[s], static_cast<std::size_t>(size(s))};
+  }
+
+  void clear() {
+    values.clear();
+    offsets.assign(1, 0);
+  }
+  // Lays out segments of the given sizes (values value-initialised) in one allocation.
+  void resize(std::span<const int> sizes) {
+    offsets.resize(sizes.size() + 1);
+    offsets[0] = 0;
+    for (std::size_t s = 0; s < sizes.size(); ++s) {
+      offsets[s + 1] = offsets[s] + sizes[s];
+    }
+    values.assign(static_cast<std::size_t>(offsets.back()), T{});
+  }
+  void push_back(std::span<const T> segment) {
+    values.insert(values.end(), segment.begin(), segment.end());
+    offsets.push_back(static_cast<std::int32_t>(values.size()));
+  }
+};
+
+using index_sets = segmented<std::int32_t>;  // kept token (or page) indices, ascending per segment
+using score_sets = segmented<float>;         // one score per token (or page) per segment
+
+// Non-owning CSR view, trivially copyable so it can travel to a kernel.
+template <class T>
+struct segmented_view {
+  T* values = nullptr;                      // [offsets[num_segments]]
+  const std::int32_t* offsets = nullptr;    // [num_segments + 1]
+  int num_segments = 0;
+};
+
+// Checks that every segment of `sets` is strictly ascending and inside [0, limit(s)).
+template <class Limit>
+void validate_index_sets(const index_sets& sets, Limit&& limit, std::string_view where,
+                         std::string_view arg) {
+  for (int s = 0; s < sets.segments(); ++s) {
+    const auto seg = sets[s];
+    const int n = limit(s);
+    for (std::size_t i = 0; i < seg.size(); ++i) {
+      if (seg[i] < 0 || seg[i] >= n) {
+        throw make_error(where, std::string(arg) + "[" + std::to_string(s) + "][" +
+                                    std::to_string(i) + "]",
+                         seg[i], "an index in [0, " + std::to_string(n) + ")");
+      }
+      if (i > 0 && seg[i] <= seg[i - 1]) {
+        throw make_error(where, std::string(arg) + "[" + std::to_string(s) + "][" +
+                                    std::to_string(i) + "]",
+                         seg[i], "strictly ascending indices (previous " +
+                                     std::to_string(seg[i - 1]) + ")");
+      }
+    }
+  }
+}
+
+}  // namespace kvsift

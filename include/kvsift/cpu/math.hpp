@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Small numeric kernels shared by the CPU models: dot products over d channels, softmax,
+// pooling along tokens, GQA reductions, and the real-to-integer rule of METHODS.md.
+
+#include <kvsift/core/element.hpp>
+#include <kvsift/core/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace kvsift {
+
+// Pooling along tokens (stride 1, odd kernel, padding kernel/2).
+enum class pooling { avg, max };
+// Reduction of the G per-query-head scores of a group to one score per KV head.
+enum class gqa_reduce { mean, max, sum };
+
+inline pooling parse_pooling(std::string_view s) {
+  if (s == "avg") return pooling::avg;
+  if (s == "max") return pooling::max;
+  throw make_error("parse_pooling", "pooling", s, "\"avg\" or \"max\"");
+}
+inline gqa_reduce parse_gqa_reduce(std::string_view s) {
+  if (s == "mean") return gqa_reduce::mean;
+  if (s == "max") return gqa_reduce::max;
+  if (s == "sum") return gqa_reduce::sum;
+  throw make_error("parse_gqa_reduce", "gqa", s, "\"mean\", \"max\" or \"sum\"");
+}
+
+// METHODS.md: a count from a real formula is floor(x + 1e-9 * max(1, |x|)), in double.
+inline std::int64_t count_floor(double x) {
+  return static_cast<std::int64_t>(std::floor(x + 1e-9 * std::max(1.0, std::fabs(x))));
+}
+
+}  // namespace kvsift
+
+namespace kvsift::cpu {
+
+template <Element T>
+inline float dot(const float* q, const T* k, int d) {
+  float acc = 0.0f;
+  for (int c = 0; c < d; ++c) {
+    acc += q[c] * to_float(k[c]);
+  }
+  return acc;
+}
+
+// In-place softmax with the row max subtracted; an empty row is left alone.
+inline void softmax(std::span<float> x) {
+  if (x.empty()) {
+    return;
+  }
+  const float mx = *std::max_element(x.begin(), x.end());
+  double sum = 0.0;
+  for (float& v : x) {
+    v = std::exp(v - mx);
+    sum += v;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (float& v : x) {
+    v *= inv;
+  }
+}
+
+// out[j] = pool over in[j - K/2 .. j + K/2]; avg divides by K counting zero padding (PyTorch
+// avg_pool1d default), max ignores padding. kernel 1 copies.
+inline void pool1d(std::span<const float> in, std::span<float> out, int kernel, pooling mode) {
+  const int n = static_cast<int>(in.size());
+  const int half = kernel / 2;
+  if (kernel <= 1) {
+    std::copy(in.begin(), in.end(), out.begin());
+    return;
+  }
+  if (mode == pooling::avg) {
+    // sliding window sum in double: exact enough and O(n)
+    double sum = 0.0;
+    for (int j = 0; j < std::min(half, n); ++j) {
+      sum += in[j];
+    }
+    for (int j = 0; j < n; ++j) {
+      const int add = j + half;
+      const int drop = j - half - 1;
+      if (add < n) sum += in[add];
+      if (drop >= 0) sum -= in[drop];
+      out[j] = static_cast<float>(sum / kernel);
+    }
+  } else {
+    for (int j = 0; j < n; ++j) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int i = std::max(0, j - half); i <= std::min(n - 1, j + half); ++i) {
+        m = std::max(m, in[i]);
+      }
+      out[j] = m;
+    }
+  }
+}
+
+// Reduces G rows of n scores (row-major [G, n]) to one row.
+inline void reduce_group(std::span<const float> rows, int group, std::span<float> out,
+                         gqa_reduce mode) {
+  const std::size_t n = out.size();
+  for (std::size_t j = 0; j < n; ++j) {
+    float acc = rows[j];
+    for (int g = 1; g < group; ++g) {
+      const float v = rows[g * n + j];
+      acc = mode == gqa_reduce::max ? std::max(acc, v) : acc + v;
+    }
+    out[j] = mode == gqa_reduce::mean ? acc / static_cast<float>(group) : acc;
+  }
+}
+
+}  // namespace kvsift::cpu

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// CPU execution: the policy object and a parallel loop over segments (OpenMP when present).
+
+#include <kvsift/core/config.hpp>
+
+#include <cstdint>
+
+namespace kvsift::cpu {
+
+// Execution policy of the CPU backend. `threads = 0` lets OpenMP decide.
+struct par_t {
+  int threads = 0;
+};
+inline constexpr par_t par{};
+
+// Runs f(i) for i in [0, n), in parallel over OpenMP threads when available. Iterations must
+// be independent (they are: one segment each).
+template <class F>
+void parallel_for(std::int64_t n, F&& f, par_t policy = par) {
+#if KVSIFT_HAS_OPENMP()
+  if (n > 1) {
+    const int threads = policy.threads > 0 ? policy.threads : 0;
+    if (threads > 0) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+      for (std::int64_t i = 0; i < n; ++i) {
+        f(i);
+      }
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (std::int64_t i = 0; i < n; ++i) {
+        f(i);
+      }
+    }
+    return;
+  }
+#else
+  (void)policy;
+#endif
+  for (std::int64_t i = 0; i < n; ++i) {
+    f(i);
+  }
+}
+
+}  // namespace kvsift::cpu

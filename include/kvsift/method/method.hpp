@@ -1,0 +1,500 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// kvsift::method — the composition template every named method is an alias of.
+//
+//   method<Store, Scorer, Selector, Budgeter, Transfer, Trigger>
+//
+// re-exports its parts (`scorer`, `selector`, ...), checks at compile time that they agree, and
+// runs the one lifecycle every engine integration follows (DESIGN §3):
+//
+//   1. prefill(layer, chunks)      per layer and per prompt chunk, as the engine finishes that
+//                                  layer's prefill KV. The chunk marked `last` ends the prompt:
+//                                  a compression round runs then (and between chunks when the
+//                                  trigger says so, e.g. LagKV).
+//   2. decode(layer, tokens)       appends each request's new token and returns the attention
+//                                  plan of this step: per KV head, the resident slots (and their
+//                                  original positions) attention must read, the new token
+//                                  included.
+//   3. the engine attends over the plan (its kernel, or attend()).
+//   4. after_attention(layer, tokens)  applies what the method decides from this step (an H2O
+//                                  eviction, a StreamingLLM roll, ...); effects show from the
+//                                  next step (METHODS.md, decode steps).
+//   5. stats()                     resident bytes, bytes transferred, refreshes, stalls.
+//
+// A compression round of a layer of a ragged batch: Scorer -> Budgeter -> Selector -> the
+// store's retain(), which compacts each head-sequence in place so memory is really reclaimed.
+// Page-level compositions (Quest) keep full KV resident and select pages per step instead.
+//
+// Engine rules kept here (DESIGN §7): original positions travel with every plan; no scorer
+// needs attention probabilities from the engine (attention-based scorers recompute them from
+// the queries handed to prefill/decode); ragged batches and chunked prefill are the normal case.
+
+#include <kvsift/attention/reference.hpp>
+#include <kvsift/concepts.hpp>
+#include <kvsift/core/view.hpp>
+#include <kvsift/score/context.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace kvsift {
+
+// What a composition can promise an engine (DESIGN §7.2), as constexpr flags.
+struct capabilities {
+  bool changes_physical_length = false;  // kept sets compact the store (memory is reclaimed)
+  bool safe_with_shared_prefix = true;   // never mutates a block another request shares
+  bool needs_queries = false;            // prefill/decode must hand over queries
+  bool cuda_graph_safe = false;          // decode path capturable in a CUDA graph
+  bool speculative_decoding = false;     // decode steps may be rolled back
+};
+
+// One request's prompt chunk for one layer.
+template <Element T>
+struct prefill_chunk {
+  int request = 0;
+  kv_view<const T, nhd> keys;        // [tokens, kv_heads, d] (keys after RoPE)
+  kv_view<const T, nhd> values;      // [tokens, kv_heads, d]
+  kv_view<const float, nhd> queries; // [tokens, q_heads, d], or empty when the scorer needs none
+  std::int32_t first_position = 0;   // original position of the chunk's first token
+  bool last = true;                  // the prompt ends with this chunk
+};
+
+// One request's decode token for one layer.
+template <Element T>
+struct decode_token {
+  int request = 0;
+  const float* query = nullptr;  // [q_heads, d]
+  const T* key = nullptr;        // [kv_heads, d]
+  const T* value = nullptr;      // [kv_heads, d]
+};
+
+// The attention plan of one decode step for a ragged batch: segment r * kv_heads + h holds what
+// KV head h of the r-th request of the batch reads, ascending.
+struct attention_plan {
+  std::vector<int> requests;  // [R] the batch, in call order
+  index_sets slots;           // [R * kv_heads] store slots to read
+  index_sets positions;       // [R * kv_heads] their original positions
+  index_sets pages;           // page-level methods: [R * kv_heads] selected pages; empty otherwise
+};
+
+struct method_stats {
+  std::int64_t resident_bytes = 0;     // key + value bytes resident in the store's space
+  std::int64_t resident_tokens = 0;    // tokens resident, summed over head-sequences
+  std::int64_t bytes_transferred = 0;  // bytes the Transfer moved
+  std::int64_t refreshes = 0;          // compression / selection rounds run
+  std::int64_t stalls = 0;             // waits for a transfer inside a step
+  std::vector<int> layer_budgets;      // [layers] last budget (tokens) applied per layer, -1 if none
+};
+
+namespace detail {
+template <class Sc, class Store>
+concept stateful_scorer = requires(Sc& sc, const Store& st, const index_sets& sets, const float* q) {
+  sc.observe(st, 0, 0, q, sets);
+  sc.compact(st, 0, 0, sets);
+};
+}  // namespace detail
+
+template <KvStore Store_, Scorer Scorer_, Selector Selector_, Budgeter Budgeter_,
+          Transfer Transfer_, Trigger Trigger_>
+class method {
+  static_assert(std::is_same_v<typename Scorer_::granularity, typename Selector_::granularity>,
+                "kvsift::method: the Scorer and the Selector must work at the same granularity "
+                "(token_level scores need a token selector, page_level scores a page selector)");
+  static_assert(HostAccessible<typename Store_::memory_space>,
+                "kvsift::method: the CPU lifecycle needs a host-accessible Store; use the CUDA "
+                "backend for device stores");
+
+ public:
+  using store_type = Store_;
+  using scorer = Scorer_;
+  using selector = Selector_;
+  using budgeter = Budgeter_;
+  using transfer = Transfer_;
+  using trigger = Trigger_;
+  using element_type = typename Store_::element_type;
+  using granularity = typename Scorer_::granularity;
+  static constexpr bool page_level_selection = std::is_same_v<granularity, page_level>;
+
+  // The composition's parameters: one aggregate per component, paper defaults.
+  struct params {
+    typename Scorer_::params scorer{};
+    typename Selector_::params selector{};
+    typename Budgeter_::params budgeter{};
+    typename Trigger_::params trigger{};
+    int dense_layers = 0;  // layers [0, dense_layers) are never compressed nor sparsified
+  };
+
+  static constexpr capabilities caps{
+      .changes_physical_length = !page_level_selection,
+      .safe_with_shared_prefix = page_level_selection,
+      .needs_queries = Scorer_::needs_queries,
+      .cuda_graph_safe = false,
+      .speculative_decoding = false,
+  };
+
+  // Validates params against a model shape without touching any store; throws kvsift::error.
+  static void can_implement(const model_shape& shape, const params& p) {
+    shape.validate("method");
+    require(p.dense_layers >= 0, "method", "dense_layers", p.dense_layers, ">= 0");
+    if constexpr (requires { Scorer_{p.scorer}.validate(""); }) Scorer_{p.scorer}.validate("method");
+    if constexpr (requires { Selector_{p.selector}.validate(""); }) Selector_{p.selector}.validate("method");
+    if constexpr (requires { Budgeter_{p.budgeter}.validate(""); }) Budgeter_{p.budgeter}.validate("method");
+    if constexpr (requires { Trigger_{p.trigger}.validate(""); }) Trigger_{p.trigger}.validate("method");
+  }
+
+  explicit method(Store_& store, params p = {})
+      : store_(&store), p_(p), scorer_{p.scorer}, selector_{p.selector}, budgeter_{p.budgeter},
+        trigger_{p.trigger} {
+    can_implement(store.shape(), p);
+    const auto& sh = store.shape();
+    const auto slots = static_cast<std::size_t>(store.requests()) * sh.layers;
+    queries_.resize(slots);
+    query_position_.assign(slots, 0);
+    steps_.assign(slots, 0);
+    frozen_.assign(slots * sh.kv_heads, 0);
+    layer_budgets_.assign(static_cast<std::size_t>(sh.layers), -1);
+  }
+
+  [[nodiscard]] const params& parameters() const { return p_; }
+  [[nodiscard]] Store_& store() { return *store_; }
+  [[nodiscard]] const Store_& store() const { return *store_; }
+  [[nodiscard]] Scorer_& scorer_state() { return scorer_; }
+  [[nodiscard]] Budgeter_& budgeter_state() { return budgeter_; }
+  [[nodiscard]] Transfer_& transfer_state() { return transfer_; }
+
+  // 1. Appends each request's chunk to the store, then runs a compression round for the requests
+  // whose chunk is `last` (and, between chunks, for those whose trigger fires). Every chunk is
+  // validated before anything is appended.
+  void prefill(int layer, std::span<const prefill_chunk<element_type>> chunks) {
+    constexpr std::string_view where = "method.prefill";
+    const auto& sh = store_->shape();
+    check_layer(where, layer);
+    for (const auto& c : chunks) {
+      check_request(where, c.request);
+      c.keys.validate(where, "keys", sh.kv_heads, sh.head_dim);
+      c.values.validate(where, "values", sh.kv_heads, sh.head_dim);
+      require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens,
+              "keys.tokens (" + std::to_string(c.keys.tokens) + ")");
+      require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
+      if constexpr (Scorer_::needs_queries) {
+        c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
+        require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
+                "keys.tokens (" + std::to_string(c.keys.tokens) + "): one query per token");
+      }
+      const int room = store_->capacity(sh.sequence(c.request, layer, 0)) -
+                       store_->length(sh.sequence(c.request, layer, 0));
+      require(c.keys.tokens <= room, where, "keys.tokens", c.keys.tokens,
+              "<= the room left in the store (" + std::to_string(room) + ")");
+      const auto next = store_->next_position(c.request, layer);
+      require(c.first_position >= next, where, "first_position", c.first_position,
+              ">= " + std::to_string(next));
+    }
+    check_budgets_after_prefill(layer, chunks);
+    std::vector<int> ended, between;
+    for (const auto& c : chunks) {
+      store_->append(c.request, layer, c.keys, c.values, c.first_position);
+      if constexpr (Scorer_::needs_queries) {
+        remember_queries(c.request, layer, c.queries, c.first_position);
+      }
+      (c.last ? ended : between).push_back(c.request);
+    }
+    if (layer < p_.dense_layers || page_level_selection) return;
+    compress(layer, between, lifecycle_event::prefill_chunk);
+    compress(layer, ended, lifecycle_event::prefill_end);
+  }
+  void prefill(int layer, const prefill_chunk<element_type>& chunk) {
+    prefill(layer, std::span<const prefill_chunk<element_type>>(&chunk, 1));
+  }
+
+  // 2. Appends each request's new token and returns the step's attention plan (the new token
+  // included). Page-level methods select their pages here, with this step's query.
+  const attention_plan& decode(int layer, std::span<const decode_token<element_type>> tokens) {
+    constexpr std::string_view where = "method.decode";
+    const auto& sh = store_->shape();
+    check_layer(where, layer);
+    for (const auto& t : tokens) {
+      check_request(where, t.request);
+      require(t.key != nullptr && t.value != nullptr, where, "key/value", "null",
+              "[kv_heads, d] arrays");
+      require(!Scorer_::needs_queries || t.query != nullptr, where, "query", "null",
+              "a [q_heads, d] array (this method's scorer needs queries)");
+      const auto seq = sh.sequence(t.request, layer, 0);
+      require(store_->length(seq) < store_->capacity(seq), where, "request", t.request,
+              "a head-sequence with room for one more token");
+    }
+    plan_.requests.clear();
+    for (const auto& t : tokens) {
+      const auto pos = store_->next_position(t.request, layer);
+      store_->append(t.request, layer,
+                     kv_view<const element_type, nhd>::contiguous(t.key, 1, sh.kv_heads, sh.head_dim),
+                     kv_view<const element_type, nhd>::contiguous(t.value, 1, sh.kv_heads, sh.head_dim),
+                     pos);
+      ++steps_[slot(t.request, layer)];
+      plan_.requests.push_back(t.request);
+    }
+    if constexpr (page_level_selection) {
+      if (layer >= p_.dense_layers) {
+        select_pages(layer, tokens);
+        return plan_;
+      }
+    }
+    std::vector<int> sizes;
+    for (const int r : plan_.requests) {
+      for (int h = 0; h < sh.kv_heads; ++h) sizes.push_back(store_->length(sh.sequence(r, layer, h)));
+    }
+    plan_.slots.resize(sizes);
+    plan_.pages.clear();
+    for (int s = 0; s < plan_.slots.segments(); ++s) {
+      auto seg = plan_.slots[s];
+      std::iota(seg.begin(), seg.end(), 0);
+    }
+    fill_positions(layer);
+    return plan_;
+  }
+  const attention_plan& decode(int layer, const decode_token<element_type>& token) {
+    return decode(layer, std::span<const decode_token<element_type>>(&token, 1));
+  }
+
+  // 3. The library's attention over the current plan: out [tokens.size(), q_heads, d].
+  void attend(int layer, std::span<const decode_token<element_type>> tokens, float* out) const {
+    const auto& sh = store_->shape();
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      index_sets per_request;
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        per_request.push_back(plan_.slots[static_cast<int>(i) * sh.kv_heads + h]);
+      }
+      attention::attend_plan(*store_, tokens[i].request, layer, tokens[i].query, per_request,
+                             out + i * static_cast<std::size_t>(sh.q_heads) * sh.head_dim);
+    }
+  }
+
+  // 4. Applies this step's decisions; they show from the next step.
+  void after_attention(int layer, std::span<const decode_token<element_type>> tokens) {
+    if (layer < p_.dense_layers || page_level_selection) return;
+    const auto& sh = store_->shape();
+    if constexpr (detail::stateful_scorer<Scorer_, Store_>) {
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        index_sets per_request;
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          per_request.push_back(plan_.slots[static_cast<int>(i) * sh.kv_heads + h]);
+        }
+        scorer_.observe(*store_, tokens[i].request, layer, tokens[i].query, per_request);
+      }
+    }
+    std::vector<int> batch;
+    for (const auto& t : tokens) {
+      if constexpr (Scorer_::needs_queries) {
+        remember_queries(t.request, layer,
+                         kv_view<const float, nhd>::contiguous(t.query, 1, sh.q_heads, sh.head_dim),
+                         store_->next_position(t.request, layer) - 1);
+      }
+      batch.push_back(t.request);
+    }
+    compress(layer, batch, lifecycle_event::decode_step);
+  }
+  void after_attention(int layer, const decode_token<element_type>& token) {
+    after_attention(layer, std::span<const decode_token<element_type>>(&token, 1));
+  }
+
+  // 5.
+  [[nodiscard]] method_stats stats() const {
+    method_stats s;
+    s.resident_bytes = store_->resident_bytes();
+    s.resident_tokens = store_->resident_tokens();
+    s.bytes_transferred = transfer_.bytes_moved();
+    s.refreshes = refreshes_;
+    s.stalls = 0;
+    s.layer_budgets = layer_budgets_;
+    return s;
+  }
+
+  [[nodiscard]] const attention_plan& plan() const { return plan_; }
+  [[nodiscard]] int step(int request, int layer) const { return steps_[slot(request, layer)]; }
+
+ private:
+  [[nodiscard]] std::size_t slot(int request, int layer) const {
+    return static_cast<std::size_t>(request) * store_->shape().layers + layer;
+  }
+  void check_layer(std::string_view where, int layer) const {
+    require(layer >= 0 && layer < store_->shape().layers, where, "layer", layer,
+            "in [0, " + std::to_string(store_->shape().layers) + ")");
+  }
+  void check_request(std::string_view where, int request) const {
+    require(request >= 0 && request < store_->requests(), where, "request", request,
+            "in [0, " + std::to_string(store_->requests()) + ")");
+  }
+
+  // Keeps the newest queries the scorer needs (all of them for a window of -1), across chunks.
+  void remember_queries(int request, int layer, kv_view<const float, nhd> q, std::int32_t first) {
+    const auto& sh = store_->shape();
+    const int keep = scorer_.query_window();
+    if (keep == 0) return;
+    auto& buf = queries_[slot(request, layer)];
+    const std::size_t row = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
+    const int have = static_cast<int>(buf.size() / row);
+    if (have == 0) query_position_[slot(request, layer)] = first;
+    for (int t = 0; t < q.tokens; ++t) {
+      for (int h = 0; h < sh.q_heads; ++h) {
+        const float* src = q.row(t, h);
+        buf.insert(buf.end(), src, src + sh.head_dim);
+      }
+    }
+    const int total = have + q.tokens;
+    if (keep > 0 && total > keep) {
+      buf.erase(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>((total - keep) * row));
+      query_position_[slot(request, layer)] = first + q.tokens - keep;
+    }
+  }
+
+  // A budget that cannot hold the protected tokens is an error before anything is appended.
+  void check_budgets_after_prefill(int layer,
+                                   std::span<const prefill_chunk<element_type>> chunks) const {
+    if constexpr (!page_level_selection &&
+                  requires(const score_sets& s, std::span<const int> b) { selector_.check(s, b); }) {
+      if (layer < p_.dense_layers) return;
+      const auto& sh = store_->shape();
+      std::vector<int> lengths;
+      for (const auto& c : chunks) {
+        if (!c.last) continue;
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          lengths.push_back(store_->length(sh.sequence(c.request, layer, h)) + c.keys.tokens);
+        }
+      }
+      std::vector<int> budgets;
+      budgeter_.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
+      score_sets sizes_only;
+      sizes_only.resize(lengths);
+      selector_.check(sizes_only, budgets);
+    }
+  }
+
+  // One round for `requests` of `layer`: score, budget, select, retain — if the trigger fires.
+  void compress(int layer, const std::vector<int>& requests, lifecycle_event event) {
+    if (requests.empty()) return;
+    const auto& sh = store_->shape();
+    std::vector<int> lengths;
+    for (const int r : requests) {
+      for (int h = 0; h < sh.kv_heads; ++h) lengths.push_back(store_->length(sh.sequence(r, layer, h)));
+    }
+    budgeter_.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets_);
+    std::vector<int> firing;
+    std::vector<int> firing_budgets;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      bool fire = false;
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto s = i * sh.kv_heads + h;
+        trigger_context ctx{event, steps_[slot(requests[i], layer)], lengths[s],
+                            frozen_[sh.sequence(requests[i], layer, h) % frozen_.size()],
+                            budgets_[s]};
+        fire = fire || trigger_.fires(ctx);
+      }
+      if (fire) {
+        firing.push_back(requests[i]);
+        for (int h = 0; h < sh.kv_heads; ++h) firing_budgets.push_back(budgets_[i * sh.kv_heads + h]);
+      }
+    }
+    if (firing.empty()) return;
+
+    std::vector<kv_view<const float, nhd>> qs;
+    std::vector<std::int32_t> qpos;
+    for (const int r : firing) {
+      const auto& buf = queries_[slot(r, layer)];
+      const int rows = static_cast<int>(buf.size() / (static_cast<std::size_t>(sh.q_heads) * sh.head_dim));
+      qs.push_back(kv_view<const float, nhd>::contiguous(buf.data(), rows, sh.q_heads, sh.head_dim));
+      qpos.push_back(query_position_[slot(r, layer)]);
+    }
+    score_input<Store_> in{store_, layer, event, firing, qs, qpos, {}};
+    scorer_.score(in, scores_);
+    selector_.select(scores_, firing_budgets, kept_);  // throws before any store is touched
+    layer_budgets_[layer] = firing_budgets.empty() ? -1 : firing_budgets.front();
+    ++refreshes_;
+    for (std::size_t i = 0; i < firing.size(); ++i) {
+      index_sets per_request;
+      bool shrinks = false;
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const int s = static_cast<int>(i) * sh.kv_heads + h;
+        per_request.push_back(kept_[s]);
+        shrinks = shrinks || kept_.size(s) < store_->length(sh.sequence(firing[i], layer, h));
+      }
+      if (!shrinks) continue;
+      store_->retain(firing[i], layer, per_request);
+      if constexpr (detail::stateful_scorer<Scorer_, Store_>) {
+        scorer_.compact(*store_, firing[i], layer, per_request);
+      }
+    }
+  }
+
+  void select_pages(int layer, std::span<const decode_token<element_type>> tokens) {
+    const auto& sh = store_->shape();
+    std::vector<kv_view<const float, nhd>> qs;
+    std::vector<std::int32_t> qpos;
+    std::vector<int> lengths;
+    for (const auto& t : tokens) {
+      qs.push_back(kv_view<const float, nhd>::contiguous(t.query, 1, sh.q_heads, sh.head_dim));
+      qpos.push_back(store_->next_position(t.request, layer) - 1);
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        lengths.push_back(store_->length(sh.sequence(t.request, layer, h)));
+      }
+    }
+    score_input<Store_> in{store_, layer, lifecycle_event::decode_step, plan_.requests, qs, qpos, {}};
+    scorer_.score(in, scores_);
+    budgeter_.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets_);
+    selector_.select(scores_, budgets_, plan_.pages);
+    const int ps = selector_.p.page_size;
+    std::vector<int> sizes;
+    for (int s = 0; s < plan_.pages.segments(); ++s) {
+      int n = 0;
+      for (const auto pg : plan_.pages[s]) n += std::min(ps, lengths[s] - pg * ps);
+      sizes.push_back(n);
+    }
+    plan_.slots.resize(sizes);
+    for (int s = 0; s < plan_.pages.segments(); ++s) {
+      auto out = plan_.slots[s];
+      std::size_t i = 0;
+      for (const auto pg : plan_.pages[s]) {
+        for (int j = pg * ps; j < std::min(lengths[s], (pg + 1) * ps); ++j) out[i++] = j;
+      }
+    }
+    ++refreshes_;
+    fill_positions(layer);
+  }
+
+  void fill_positions(int layer) {
+    const auto& sh = store_->shape();
+    plan_.positions.offsets = plan_.slots.offsets;
+    plan_.positions.values.resize(plan_.slots.values.size());
+    for (int s = 0; s < plan_.slots.segments(); ++s) {
+      const auto seq = sh.sequence(plan_.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
+      const auto in = plan_.slots[s];
+      auto out = plan_.positions[s];
+      for (std::size_t i = 0; i < in.size(); ++i) out[i] = store_->position(seq, in[i]);
+    }
+  }
+
+  Store_* store_;
+  params p_;
+  Scorer_ scorer_;
+  Selector_ selector_;
+  Budgeter_ budgeter_;
+  Transfer_ transfer_{};
+  Trigger_ trigger_;
+  std::vector<std::vector<float>> queries_;   // [requests * layers] newest queries, [rows, q_heads, d]
+  std::vector<std::int32_t> query_position_;  // [requests * layers] position of the first buffered query
+  std::vector<int> steps_;                    // [requests * layers] decode steps taken
+  std::vector<int> frozen_;                   // [requests * layers * kv_heads] final prefix length
+  std::vector<int> layer_budgets_;            // [layers]
+  std::int64_t refreshes_ = 0;
+  score_sets scores_;
+  std::vector<int> budgets_;
+  index_sets kept_;
+  attention_plan plan_;
+};
+
+}  // namespace kvsift

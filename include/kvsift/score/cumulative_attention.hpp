@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <kvsift/cpu/attention_rows.hpp>
+#include <kvsift/cpu/parallel.hpp>
+#include <kvsift/score/context.hpp>
+
+#include <algorithm>
+#include <unordered_map>
+#include <vector>
+
+namespace kvsift::score {
+
+// Cumulative attention — H2O (Zhang et al., 2023). Prefill: the score of token j is the sum over
+// every prompt query i >= j of its causal attention a[i][j], reduced over the GQA group (`gqa`,
+// default mean). Decode: the scorer keeps a running score per resident
+// slot; `observe` adds a step's attention over the slots it read (the new token starts with its
+// own), and `compact` follows the store's compaction. Stateful: one instance per method.
+// Cost: prefill O(n^2 d) per query head (every prompt query), decode O(|plan| d).
+struct cumulative_attention {
+  using kvsift_role = scorer_tag;
+  using granularity = token_level;
+  static constexpr bool needs_queries = true;
+  struct params {
+    gqa_reduce gqa = gqa_reduce::mean;
+  };
+  params p{};
+
+  cumulative_attention() = default;
+  explicit cumulative_attention(params prm) : p(prm) {}
+
+  // Every prompt query is needed.
+  [[nodiscard]] int query_window() const { return -1; }
+  void validate(std::string_view) const {}
+
+  // Prefill: cumulative attention of the given queries; initialises the running scores.
+  // Decode: returns the running scores.
+  template <class Store>
+  void score(const score_input<Store>& in, score_sets& out) {
+    const model_shape& sh = in.store->shape();
+    layout_scores(in, out, [&](int s) { return in.store->length(in.sequence(s)); });
+    if (in.event == lifecycle_event::decode_step) {
+      for (int s = 0; s < in.segments(); ++s) {
+        const auto& run = running_[in.sequence(s)];
+        std::copy(run.begin(), run.end(), out[s].begin());
+      }
+      return;
+    }
+    const int G = sh.group_size();
+    cpu::parallel_for(in.segments(), [&](std::int64_t s) {
+      const int r = static_cast<int>(s) / sh.kv_heads;
+      const int h = static_cast<int>(s) % sh.kv_heads;
+      const auto seq = in.sequence(static_cast<int>(s));
+      const auto& q = in.queries[r];
+      const int n = in.store->length(seq);
+      std::vector<float> rows(static_cast<std::size_t>(G) * n, 0.0f);
+      std::vector<float> probs(static_cast<std::size_t>(n));
+      for (int g = 0; g < G; ++g) {
+        float* row = rows.data() + static_cast<std::size_t>(g) * n;
+        for (int i = 0; i < q.tokens; ++i) {
+          const int v = cpu::attention_row(*in.store, seq, q.row(i, h * G + g),
+                                           in.query_position[r] + i, probs);
+          for (int j = 0; j < v; ++j) row[j] += probs[j];
+        }
+      }
+      cpu::reduce_group(rows, G, out[static_cast<int>(s)], p.gqa);
+    });
+    for (int s = 0; s < in.segments(); ++s) {
+      auto seg = out[s];
+      running_[in.sequence(s)].assign(seg.begin(), seg.end());
+    }
+  }
+
+  // Adds the attention of one decode query ([q_heads, d]) over the slots it read to their running
+  // scores; slots the scorer has not seen yet (the new token) start at 0 before the addition.
+  template <class Store>
+  void observe(const Store& store, int request, int layer, const float* q,
+               const index_sets& plan) {
+    const model_shape& sh = store.shape();
+    const int G = sh.group_size();
+    const int d = sh.head_dim;
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      const auto seq = sh.sequence(request, layer, h);
+      auto& run = running_[seq];
+      run.resize(static_cast<std::size_t>(store.length(seq)), 0.0f);
+      const auto slots = plan[h];
+      std::vector<float> rows(static_cast<std::size_t>(G) * slots.size());
+      for (int g = 0; g < G; ++g) {
+        cpu::attention_row_over(store, seq, q + static_cast<std::size_t>(h * G + g) * d, slots,
+                                std::span<float>(rows.data() + g * slots.size(), slots.size()));
+      }
+      std::vector<float> reduced(slots.size());
+      cpu::reduce_group(rows, G, reduced, p.gqa);
+      for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
+    }
+  }
+
+  // The store kept `kept[h]` of each head: keep the matching running scores.
+  template <class Store>
+  void compact(const Store& store, int request, int layer, const index_sets& kept) {
+    for (int h = 0; h < store.shape().kv_heads; ++h) {
+      auto& run = running_[store.shape().sequence(request, layer, h)];
+      const auto slots = kept[h];
+      for (std::size_t i = 0; i < slots.size(); ++i) run[i] = run[slots[i]];
+      run.resize(slots.size());
+    }
+  }
+
+  // Running score of a head-sequence's slot (tests, diagnostics).
+  [[nodiscard]] std::span<const float> running(std::int64_t seq) const {
+    const auto it = running_.find(seq);
+    return it == running_.end() ? std::span<const float>{} : std::span<const float>(it->second);
+  }
+
+ private:
+  std::unordered_map<std::int64_t, std::vector<float>> running_;  // per head-sequence, per slot
+};
+static_assert(Scorer<cumulative_attention>);
+
+}  // namespace kvsift::score

@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <kvsift/cpu/math.hpp>
+#include <kvsift/cpu/parallel.hpp>
+#include <kvsift/score/context.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+namespace kvsift::cpu {
+
+// Per page and channel min and max of a head-sequence's keys: pages of `page_size` slots from
+// slot 0, the last one possibly partial. kmin, kmax: [pages, d].
+template <class Store>
+void page_digest(const Store& store, std::int64_t seq, int page_size, std::span<float> kmin,
+                 std::span<float> kmax) {
+  const int n = store.length(seq);
+  const int d = store.shape().head_dim;
+  const int pages = (n + page_size - 1) / page_size;
+  for (int pg = 0; pg < pages; ++pg) {
+    float* mn = kmin.data() + static_cast<std::size_t>(pg) * d;
+    float* mx = kmax.data() + static_cast<std::size_t>(pg) * d;
+    std::fill(mn, mn + d, std::numeric_limits<float>::infinity());
+    std::fill(mx, mx + d, -std::numeric_limits<float>::infinity());
+    for (int j = pg * page_size; j < std::min(n, (pg + 1) * page_size); ++j) {
+      const auto* k = store.key(seq, j);
+      for (int c = 0; c < d; ++c) {
+        const float x = to_float(k[c]);
+        mn[c] = std::min(mn[c], x);
+        mx[c] = std::max(mx[c], x);
+      }
+    }
+  }
+}
+
+// Quest's upper bound of q . k over a page: sum_c max(q_c * kmax_c, q_c * kmin_c) (no scale).
+inline float page_bound(const float* q, const float* kmin, const float* kmax, int d) {
+  float acc = 0.0f;
+  for (int c = 0; c < d; ++c) {
+    acc += std::max(q[c] * kmax[c], q[c] * kmin[c]);
+  }
+  return acc;
+}
+
+}  // namespace kvsift::cpu
+
+namespace kvsift::score {
+
+// Page min-max bound — Quest (Tang et al., 2024). Pages of `page_size` tokens from token 0; each
+// page's digest is the per-channel min and max of its keys; a query scores a page with
+// sum_c max(q_c kmax_c, q_c kmin_c), and the G query heads of a group are reduced with `gqa`
+// (default max). Parameters: page_size 16, GQA max. Cost: O(n d) digests, O(n/p d) per query.
+struct page_minmax {
+  using kvsift_role = scorer_tag;
+  using granularity = page_level;
+  static constexpr bool needs_queries = true;
+  struct params {
+    int page_size = 16;
+    gqa_reduce gqa = gqa_reduce::max;
+  };
+  params p{};
+  [[nodiscard]] int query_window() const { return 1; }
+  void validate(std::string_view where) const {
+    require(p.page_size > 0, where, "page_size", p.page_size, "> 0");
+  }
+
+  // One score per page for the newest query of each request.
+  template <class Store>
+  void score(const score_input<Store>& in, score_sets& out) const {
+    const model_shape& sh = in.store->shape();
+    const int ps = p.page_size;
+    layout_scores(in, out,
+                  [&](int s) { return (in.store->length(in.sequence(s)) + ps - 1) / ps; });
+    const int G = sh.group_size();
+    const int d = sh.head_dim;
+    cpu::parallel_for(in.segments(), [&](std::int64_t s) {
+      const int r = static_cast<int>(s) / sh.kv_heads;
+      const int h = static_cast<int>(s) % sh.kv_heads;
+      const auto seq = in.sequence(static_cast<int>(s));
+      const int pages = out.size(static_cast<int>(s));
+      std::vector<float> kmin(static_cast<std::size_t>(pages) * d), kmax(kmin.size());
+      cpu::page_digest(*in.store, seq, ps, kmin, kmax);
+      std::vector<float> rows(static_cast<std::size_t>(G) * pages);
+      const auto& q = in.queries[r];
+      for (int g = 0; g < G; ++g) {
+        const float* qv = q.row(q.tokens - 1, h * G + g);
+        for (int pg = 0; pg < pages; ++pg) {
+          rows[static_cast<std::size_t>(g) * pages + pg] =
+              cpu::page_bound(qv, kmin.data() + pg * d, kmax.data() + pg * d, d);
+        }
+      }
+      cpu::reduce_group(rows, G, out[static_cast<int>(s)], p.gqa);
+    });
+  }
+};
+static_assert(Scorer<page_minmax>);
+
+}  // namespace kvsift::score

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <kvsift/concepts.hpp>
+#include <kvsift/cpu/parallel.hpp>
+#include <kvsift/cpu/segmented_topk.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace kvsift::select {
+
+// Page top-k — Quest (Tang et al., 2024). Budgets are in tokens; a segment of P page scores keeps
+// max(min_pages, floor(B / page_size)) pages: the last (current, possibly partial) page always,
+// and the top-scored of the complete pages [0, P - 1) for the rest (ties to the lower page).
+// Every page is kept when they all fit. Output: ascending page indices.
+// Parameters: page_size 16, min_pages 3. Cost: O(P) per segment.
+struct page_topk {
+  using kvsift_role = selector_tag;
+  using granularity = page_level;
+  struct params {
+    int page_size = 16;
+    int min_pages = 3;
+  };
+  params p{};
+
+  [[nodiscard]] int pages_for(int budget) const {
+    return std::max(p.min_pages, budget / p.page_size);
+  }
+  void validate(std::string_view where) const {
+    require(p.page_size > 0, where, "page_size", p.page_size, "> 0");
+    require(p.min_pages >= 1, where, "min_pages", p.min_pages, ">= 1 (the current page)");
+  }
+
+  void select(const score_sets& scores, std::span<const int> budgets, index_sets& kept) const {
+    require(static_cast<int>(budgets.size()) == scores.segments(), "select::page_topk",
+            "budgets.size", budgets.size(),
+            "one budget per segment (" + std::to_string(scores.segments()) + ")");
+    for (int s = 0; s < scores.segments(); ++s) {
+      require(budgets[s] >= 0, "select::page_topk", "budgets[" + std::to_string(s) + "]",
+              budgets[s], ">= 0");
+    }
+    std::vector<int> sizes(static_cast<std::size_t>(scores.segments()));
+    for (int s = 0; s < scores.segments(); ++s) {
+      sizes[s] = std::min(pages_for(budgets[s]), scores.size(s));
+    }
+    kept.resize(sizes);
+    cpu::parallel_for(scores.segments(), [&](std::int64_t s64) {
+      const int s = static_cast<int>(s64);
+      const int P = scores.size(s);
+      auto out = kept[s];
+      if (static_cast<int>(out.size()) >= P) {
+        std::iota(out.begin(), out.end(), 0);
+        return;
+      }
+      std::vector<std::int32_t> picked;
+      cpu::topk_range(scores[s], 0, P - 1, static_cast<int>(out.size()) - 1, picked);
+      picked.push_back(P - 1);
+      std::copy(picked.begin(), picked.end(), out.begin());
+    });
+  }
+};
+static_assert(Selector<page_topk>);
+
+}  // namespace kvsift::select

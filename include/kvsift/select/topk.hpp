@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <kvsift/concepts.hpp>
+#include <kvsift/cpu/math.hpp>
+#include <kvsift/cpu/parallel.hpp>
+#include <kvsift/cpu/segmented_topk.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace kvsift::select {
+
+// Top-k with a protected sink and recent window — the selector of StreamingLLM, H2O, SnapKV,
+// PyramidKV and DynamicKV. Per segment of n scores and budget B: B >= n keeps everything;
+// otherwise the first `sink` and the last W tokens are kept, W = max(window,
+// floor(window_share * B)), plus the top B - sink - W of the tokens between (higher score first,
+// ties to the lower index). Output ascending, |kept| = min(B, n).
+// B < sink + W with n > B is a kvsift::error. Parameters: sink 0, window 0, window_share 0
+// (H2O uses window_share 0.5: its recent half). Cost: O(n) per segment (nth_element).
+struct topk {
+  using kvsift_role = selector_tag;
+  using granularity = token_level;
+  struct params {
+    int sink = 0;
+    int window = 0;
+    double window_share = 0.0;
+  };
+  params p{};
+
+  [[nodiscard]] int window_for(int budget) const {
+    return std::max(p.window, static_cast<int>(count_floor(p.window_share * budget)));
+  }
+
+  void validate(std::string_view where) const {
+    require(p.sink >= 0, where, "sink", p.sink, ">= 0");
+    require(p.window >= 0, where, "window", p.window, ">= 0");
+    require(p.window_share >= 0.0 && p.window_share <= 1.0, where, "window_share", p.window_share,
+            "in [0, 1]");
+  }
+
+  // Throws before writing anything if a budget cannot hold the protected tokens.
+  void check(const score_sets& scores, std::span<const int> budgets) const {
+    constexpr std::string_view where = "select::topk";
+    require(static_cast<int>(budgets.size()) == scores.segments(), where, "budgets.size",
+            budgets.size(), "one budget per segment (" + std::to_string(scores.segments()) + ")");
+    for (int s = 0; s < scores.segments(); ++s) {
+      const int n = scores.size(s);
+      const int b = budgets[s];
+      require(b >= 0, where, "budgets[" + std::to_string(s) + "]", b, ">= 0");
+      if (b < n) {
+        require(b >= p.sink + window_for(b), where, "budgets[" + std::to_string(s) + "]", b,
+                ">= the protected tokens: sink " + std::to_string(p.sink) + " + window " +
+                    std::to_string(window_for(b)));
+      }
+    }
+  }
+
+  void select(const score_sets& scores, std::span<const int> budgets, index_sets& kept) const {
+    check(scores, budgets);
+    std::vector<int> sizes(static_cast<std::size_t>(scores.segments()));
+    for (int s = 0; s < scores.segments(); ++s) sizes[s] = std::min(budgets[s], scores.size(s));
+    kept.resize(sizes);
+    cpu::parallel_for(scores.segments(), [&](std::int64_t s64) {
+      const int s = static_cast<int>(s64);
+      const int n = scores.size(s);
+      const int b = budgets[s];
+      auto out = kept[s];
+      if (b >= n) {
+        std::iota(out.begin(), out.end(), 0);
+        return;
+      }
+      const int w = window_for(b);
+      std::vector<std::int32_t> picked;
+      picked.reserve(static_cast<std::size_t>(b));
+      for (int j = 0; j < p.sink; ++j) picked.push_back(j);
+      cpu::topk_range(scores[s], p.sink, n - w, b - p.sink - w, picked);
+      for (int j = n - w; j < n; ++j) picked.push_back(j);
+      std::copy(picked.begin(), picked.end(), out.begin());
+    });
+  }
+};
+static_assert(Selector<topk>);
+
+}  // namespace kvsift::select

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What every CPU store shares: validation, append, retain (in-place compaction) and gather,
+// written once over the derived store's slot addressing (CRTP). A derived store provides
+//   T* key_slot(seq, slot), T* value_slot(seq, slot), std::int32_t* position_slot(seq, slot),
+//   bool can_grow(seq, new_length) const, void grow(seq, new_length), void shrink(seq, new_length).
+
+#include <kvsift/concepts.hpp>
+#include <kvsift/core/element.hpp>
+#include <kvsift/core/error.hpp>
+#include <kvsift/core/segments.hpp>
+#include <kvsift/core/shape.hpp>
+#include <kvsift/core/view.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace kvsift::store {
+
+template <class Derived, Element T, HostAccessible Space>
+class basic_store {
+ public:
+  using kvsift_role = store_tag;
+  using element_type = T;
+  using memory_space = Space;
+
+  [[nodiscard]] const model_shape& shape() const { return shape_; }
+  [[nodiscard]] int requests() const { return requests_; }
+  [[nodiscard]] int length(std::int64_t seq) const { return length_[seq]; }
+  [[nodiscard]] int length(int request, int layer, int head) const {
+    return length_[shape_.sequence(request, layer, head)];
+  }
+  [[nodiscard]] std::int32_t position(std::int64_t seq, int slot) const {
+    return *self().position_slot(seq, slot);
+  }
+  [[nodiscard]] const T* key(std::int64_t seq, int slot) const { return self().key_slot(seq, slot); }
+  [[nodiscard]] const T* value(std::int64_t seq, int slot) const {
+    return self().value_slot(seq, slot);
+  }
+  // Position one past the newest token of a request's layer (0 when empty).
+  [[nodiscard]] std::int32_t next_position(int request, int layer) const {
+    const auto seq = shape_.sequence(request, layer, 0);
+    return length_[seq] == 0 ? 0 : position(seq, length_[seq] - 1) + 1;
+  }
+
+  [[nodiscard]] std::int64_t resident_tokens() const {
+    std::int64_t t = 0;
+    for (int n : length_) t += n;
+    return t;
+  }
+  // Key and value bytes resident in this store's memory space.
+  [[nodiscard]] std::int64_t resident_bytes() const {
+    return resident_tokens() * 2 * shape_.head_dim * static_cast<std::int64_t>(sizeof(T));
+  }
+
+  // Appends `k`, `v` ([tokens, kv_heads, d] in any dense layout) to every KV head of
+  // (request, layer), at original positions first_position, first_position + 1, ...
+  // Throws kvsift::error (and changes nothing) on a shape mismatch, a position that does not
+  // follow the newest resident one, or a full head-sequence.
+  template <class L>
+  void append(int request, int layer, kv_view<const T, L, Space> k, kv_view<const T, L, Space> v,
+              std::int32_t first_position) {
+    constexpr std::string_view where = "store.append";
+    check_request_layer(where, request, layer);
+    k.validate(where, "k", shape_.kv_heads, shape_.head_dim);
+    v.validate(where, "v", shape_.kv_heads, shape_.head_dim);
+    require(v.tokens == k.tokens, where, "v.tokens", v.tokens,
+            "k.tokens (" + std::to_string(k.tokens) + ")");
+    const std::int32_t next = next_position(request, layer);
+    require(first_position >= next, where, "first_position", first_position,
+            ">= " + std::to_string(next) + " (positions ascend within a head-sequence)");
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      const auto seq = shape_.sequence(request, layer, h);
+      require(self().can_grow(seq, length_[seq] + k.tokens), where, "k.tokens", k.tokens,
+              "room in head-sequence (request " + std::to_string(request) + ", layer " +
+                  std::to_string(layer) + ", head " + std::to_string(h) + "): " +
+                  std::to_string(length_[seq]) + " resident of capacity " +
+                  std::to_string(self().capacity(seq)));
+    }
+    const std::size_t row_bytes = static_cast<std::size_t>(shape_.head_dim) * sizeof(T);
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      const auto seq = shape_.sequence(request, layer, h);
+      const int base = length_[seq];
+      self().grow(seq, base + k.tokens);
+      for (int t = 0; t < k.tokens; ++t) {
+        std::memcpy(self().key_slot(seq, base + t), k.row(t, h), row_bytes);
+        std::memcpy(self().value_slot(seq, base + t), v.row(t, h), row_bytes);
+        *self().position_slot(seq, base + t) = first_position + t;
+      }
+      length_[seq] = base + k.tokens;
+    }
+  }
+
+  // Keeps, for each KV head h of (request, layer), exactly the slots kept[h] (ascending) and
+  // releases the others. Original positions travel with the kept tokens.
+  void retain(int request, int layer, const index_sets& kept) {
+    constexpr std::string_view where = "store.retain";
+    check_request_layer(where, request, layer);
+    require(kept.segments() == shape_.kv_heads, where, "kept.segments", kept.segments(),
+            "one segment per KV head (" + std::to_string(shape_.kv_heads) + ")");
+    validate_index_sets(
+        kept, [&](int h) { return length_[shape_.sequence(request, layer, h)]; }, where, "kept");
+    const std::size_t row_bytes = static_cast<std::size_t>(shape_.head_dim) * sizeof(T);
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      const auto seq = shape_.sequence(request, layer, h);
+      const auto slots = kept[h];
+      for (std::size_t i = 0; i < slots.size(); ++i) {
+        const int from = slots[i];
+        const int to = static_cast<int>(i);
+        if (from != to) {  // ascending kept slots: from >= to, so moving forward is safe
+          std::memmove(self().key_slot(seq, to), self().key_slot(seq, from), row_bytes);
+          std::memmove(self().value_slot(seq, to), self().value_slot(seq, from), row_bytes);
+          *self().position_slot(seq, to) = *self().position_slot(seq, from);
+        }
+      }
+      length_[seq] = static_cast<int>(slots.size());
+      self().shrink(seq, length_[seq]);
+    }
+  }
+
+  // Drops every token of a request (its slot in a continuous batch becomes free).
+  void reset(int request) {
+    require(request >= 0 && request < requests_, "store.reset", "request", request,
+            "in [0, " + std::to_string(requests_) + ")");
+    for (int l = 0; l < shape_.layers; ++l) {
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto seq = shape_.sequence(request, l, h);
+        length_[seq] = 0;
+        self().shrink(seq, 0);
+      }
+    }
+  }
+
+  // Copies the listed slots of one head-sequence into contiguous [slots.size(), d] arrays.
+  void gather(std::int64_t seq, std::span<const std::int32_t> slots, T* keys_out, T* values_out,
+              std::int32_t* positions_out = nullptr) const {
+    const std::size_t row_bytes = static_cast<std::size_t>(shape_.head_dim) * sizeof(T);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      std::memcpy(keys_out + i * shape_.head_dim, key(seq, slots[i]), row_bytes);
+      std::memcpy(values_out + i * shape_.head_dim, value(seq, slots[i]), row_bytes);
+      if (positions_out != nullptr) positions_out[i] = position(seq, slots[i]);
+    }
+  }
+
+  void check_request_layer(std::string_view where, int request, int layer) const {
+    require(request >= 0 && request < requests_, where, "request", request,
+            "in [0, " + std::to_string(requests_) + ")");
+    require(layer >= 0 && layer < shape_.layers, where, "layer", layer,
+            "in [0, " + std::to_string(shape_.layers) + ")");
+  }
+
+ protected:
+  basic_store(model_shape shape, int requests, std::string_view where)
+      : shape_(shape), requests_(requests) {
+    shape_.validate(where);
+    require(requests > 0, where, "requests", requests, "> 0");
+    length_.assign(static_cast<std::size_t>(requests) * shape_.sequences_per_request(), 0);
+  }
+  [[nodiscard]] std::int64_t sequences() const { return static_cast<std::int64_t>(length_.size()); }
+
+  model_shape shape_;
+  int requests_ = 0;
+  std::vector<int> length_;  // [requests * layers * kv_heads] resident tokens per head-sequence
+
+ private:
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+
+}  // namespace kvsift::store

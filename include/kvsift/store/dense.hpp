@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <kvsift/store/basic.hpp>
+
+#include <string>
+#include <vector>
+
+namespace kvsift::store {
+
+// Dense store: every head-sequence owns `capacity` contiguous slots, laid out
+// [requests, layers, kv_heads, capacity, d] (HND per layer). It owns its memory, or wraps an
+// engine's: `dense(shape, requests, capacity, keys, values)` uses caller memory of that shape
+// without copying. Compaction is in place; released slots are free for later appends.
+// Cost: append and retain move only the rows they touch (d elements each).
+template <Element T, HostAccessible Space = host_space>
+class dense : public basic_store<dense<T, Space>, T, Space> {
+  using base = basic_store<dense<T, Space>, T, Space>;
+  friend base;
+
+ public:
+  dense(model_shape shape, int requests, int capacity)
+      : base(shape, requests, "store::dense"), capacity_(check_capacity(capacity)) {
+    const std::size_t n = static_cast<std::size_t>(this->sequences()) * capacity_ * shape.head_dim;
+    owned_keys_.resize(n);
+    owned_values_.resize(n);
+    keys_ = owned_keys_.data();
+    values_ = owned_values_.data();
+    positions_.resize(static_cast<std::size_t>(this->sequences()) * capacity_);
+  }
+
+  // Wraps engine-owned memory: keys and values [requests * layers * kv_heads, capacity, d].
+  dense(model_shape shape, int requests, int capacity, T* keys, T* values)
+      : base(shape, requests, "store::dense"), capacity_(check_capacity(capacity)) {
+    require(keys != nullptr, "store::dense", "keys", "null", "engine key memory");
+    require(values != nullptr, "store::dense", "values", "null", "engine value memory");
+    keys_ = keys;
+    values_ = values;
+    positions_.resize(static_cast<std::size_t>(this->sequences()) * capacity_);
+  }
+
+  [[nodiscard]] int capacity(std::int64_t = 0) const { return capacity_; }
+
+ private:
+  static int check_capacity(int capacity) {
+    require(capacity > 0, "store::dense", "capacity", capacity, "> 0");
+    return capacity;
+  }
+  [[nodiscard]] T* key_slot(std::int64_t seq, int slot) const {
+    return keys_ + (seq * capacity_ + slot) * this->shape_.head_dim;
+  }
+  [[nodiscard]] T* value_slot(std::int64_t seq, int slot) const {
+    return values_ + (seq * capacity_ + slot) * this->shape_.head_dim;
+  }
+  [[nodiscard]] std::int32_t* position_slot(std::int64_t seq, int slot) const {
+    return const_cast<std::int32_t*>(positions_.data()) + seq * capacity_ + slot;
+  }
+  [[nodiscard]] bool can_grow(std::int64_t, int new_length) const { return new_length <= capacity_; }
+  void grow(std::int64_t, int) {}
+  void shrink(std::int64_t, int) {}
+
+  int capacity_ = 0;
+  T* keys_ = nullptr;
+  T* values_ = nullptr;
+  std::vector<T> owned_keys_, owned_values_;
+  std::vector<std::int32_t> positions_;  // [sequences, capacity] original positions
+};
+
+static_assert(KvStore<dense<float>>);
+static_assert(KvStore<dense<half>>);
+static_assert(KvStore<dense<bfloat16>>);
+
+}  // namespace kvsift::store

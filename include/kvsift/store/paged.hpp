@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <kvsift/store/basic.hpp>
+
+#include <string>
+#include <vector>
+
+namespace kvsift::store {
+
+// Paged store: a pool of fixed-size pages shared by all head-sequences; each head-sequence (one
+// KV head of one layer of one request) owns a list of pages, so per-head compression really
+// returns pages to the pool. Pages are [page_size, d] for keys and for values.
+// `page_table(request, layer)` exports the per-KV-head block table in FlashInfer's CSR form.
+// Cost: retain moves the kept rows forward and frees every page past the new length.
+template <Element T, HostAccessible Space = host_space>
+class paged : public basic_store<paged<T, Space>, T, Space> {
+  using base = basic_store<paged<T, Space>, T, Space>;
+  friend base;
+
+ public:
+  paged(model_shape shape, int requests, int page_size, int total_pages)
+      : base(shape, requests, "store::paged"), page_size_(page_size), total_pages_(total_pages) {
+    require(page_size > 0, "store::paged", "page_size", page_size, "> 0");
+    require(total_pages > 0, "store::paged", "total_pages", total_pages, "> 0");
+    const std::size_t n = static_cast<std::size_t>(total_pages) * page_size * shape.head_dim;
+    keys_.resize(n);
+    values_.resize(n);
+    positions_.resize(static_cast<std::size_t>(total_pages) * page_size);
+    pages_.resize(static_cast<std::size_t>(this->sequences()));
+    free_.reserve(static_cast<std::size_t>(total_pages));
+    for (int p = total_pages - 1; p >= 0; --p) free_.push_back(p);
+  }
+
+  [[nodiscard]] int page_size() const { return page_size_; }
+  [[nodiscard]] int free_pages() const { return static_cast<int>(free_.size()); }
+  [[nodiscard]] int used_pages() const { return total_pages_ - free_pages(); }
+  // Bytes of the pages in use (keys and values): memory is held, and released, page by page.
+  [[nodiscard]] std::int64_t resident_bytes() const {
+    return static_cast<std::int64_t>(used_pages()) * page_size_ * 2 * this->shape_.head_dim *
+           static_cast<std::int64_t>(sizeof(T));
+  }
+  [[nodiscard]] int capacity(std::int64_t seq) const {
+    return (static_cast<int>(pages_[seq].size()) + free_pages()) * page_size_;
+  }
+
+  // FlashInfer-style CSR block table over the KV heads of (request, layer).
+  struct page_table_t {
+    std::vector<std::int32_t> indptr;         // [kv_heads + 1]
+    std::vector<std::int32_t> indices;        // [indptr.back()] page ids
+    std::vector<std::int32_t> last_page_len;  // [kv_heads]
+  };
+  [[nodiscard]] page_table_t page_table(int request, int layer) const {
+    this->check_request_layer("store::paged::page_table", request, layer);
+    page_table_t t;
+    t.indptr.push_back(0);
+    for (int h = 0; h < this->shape_.kv_heads; ++h) {
+      const auto seq = this->shape_.sequence(request, layer, h);
+      const auto& pl = pages_[seq];
+      t.indices.insert(t.indices.end(), pl.begin(), pl.end());
+      t.indptr.push_back(static_cast<std::int32_t>(t.indices.size()));
+      const int n = this->length_[seq];
+      t.last_page_len.push_back(n == 0 ? 0 : n - (static_cast<int>(pl.size()) - 1) * page_size_);
+    }
+    return t;
+  }
+  // Page pool in the paged HND-per-head layout [pages, page_size, d].
+  [[nodiscard]] const T* key_pool() const { return keys_.data(); }
+  [[nodiscard]] const T* value_pool() const { return values_.data(); }
+
+ private:
+  [[nodiscard]] std::int64_t flat(std::int64_t seq, int slot) const {
+    return static_cast<std::int64_t>(pages_[seq][slot / page_size_]) * page_size_ + slot % page_size_;
+  }
+  [[nodiscard]] T* key_slot(std::int64_t seq, int slot) const {
+    return const_cast<T*>(keys_.data()) + flat(seq, slot) * this->shape_.head_dim;
+  }
+  [[nodiscard]] T* value_slot(std::int64_t seq, int slot) const {
+    return const_cast<T*>(values_.data()) + flat(seq, slot) * this->shape_.head_dim;
+  }
+  [[nodiscard]] std::int32_t* position_slot(std::int64_t seq, int slot) const {
+    return const_cast<std::int32_t*>(positions_.data()) + flat(seq, slot);
+  }
+  [[nodiscard]] static int pages_for(int n, int ps) { return (n + ps - 1) / ps; }
+  [[nodiscard]] bool can_grow(std::int64_t seq, int new_length) const {
+    return pages_for(new_length, page_size_) - static_cast<int>(pages_[seq].size()) <= free_pages();
+  }
+  void grow(std::int64_t seq, int new_length) {
+    while (static_cast<int>(pages_[seq].size()) < pages_for(new_length, page_size_)) {
+      pages_[seq].push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+  void shrink(std::int64_t seq, int new_length) {
+    while (static_cast<int>(pages_[seq].size()) > pages_for(new_length, page_size_)) {
+      free_.push_back(pages_[seq].back());
+      pages_[seq].pop_back();
+    }
+  }
+
+  int page_size_ = 0;
+  int total_pages_ = 0;
+  std::vector<T> keys_, values_;                    // [total_pages, page_size, d]
+  std::vector<std::int32_t> positions_;             // [total_pages, page_size]
+  std::vector<std::vector<std::int32_t>> pages_;    // per head-sequence: its pages, in order
+  std::vector<std::int32_t> free_;                  // free page ids (stack)
+};
+
+static_assert(KvStore<paged<float>>);
+static_assert(KvStore<paged<bfloat16>>);
+
+}  // namespace kvsift::store
