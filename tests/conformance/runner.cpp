@@ -292,7 +292,7 @@ std::optional<std::string> run_case(const fs::path& dir, const std::string& kind
   outputs out;
   try {
     h->second(c, out);
-  } catch (const kvsift::error& e) {
+  } catch (const kvsift::error&) {
     if (c.expect_error) {
       return std::nullopt;
     }
