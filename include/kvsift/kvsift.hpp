@@ -15,6 +15,7 @@
 #include <kvsift/core/segments.hpp>
 #include <kvsift/core/shape.hpp>
 #include <kvsift/core/view.hpp>
+#include <kvsift/method/any_method.hpp>
 #include <kvsift/method/baselines.hpp>
 #include <kvsift/method/method.hpp>
 #include <kvsift/score/cumulative_attention.hpp>
