@@ -93,7 +93,33 @@ struct method_stats {
   std::vector<int> layer_budgets;      // [layers] last budget (tokens) applied per layer, -1 if none
 };
 
+// A finished compression round of one layer, as a progressive budgeter sees it (DynamicKV).
+struct budget_round {
+  int layer = 0;
+  int layers = 1;
+  int kv_heads = 1;
+  lifecycle_event event = lifecycle_event::prefill_end;
+  std::span<const int> requests;       // [R] the requests compressed in this round
+  const score_sets* scores = nullptr;  // [R * kv_heads] the round's scores, one per slot before retain
+  const index_sets* kept = nullptr;    // [R * kv_heads] the slots the round kept, ascending
+};
+
+// A progressive budgeter's order to shrink a layer it has already seen: (request, layer) keeps
+// exactly the resident slots `kept` (one ascending segment per KV head), `budget` tokens each.
+struct budget_revision {
+  int request = 0;
+  int layer = 0;
+  int budget = 0;   // tokens kept per KV head after the revision (protected ones included)
+  index_sets kept;  // [kv_heads] resident slots to keep
+};
+
 namespace detail {
+// A budgeter that revises earlier layers after each round (DynamicKV's progressive update).
+template <class B>
+concept progressive_budgeter =
+    requires(B& b, const budget_round& round, std::vector<budget_revision>& out) {
+      b.revise(round, out);
+    };
 template <class Sc, class Store>
 concept stateful_scorer = requires(Sc& sc, const Store& st, const index_sets& sets, const float* q) {
   sc.observe(st, 0, 0, q, sets);
@@ -429,6 +455,19 @@ class method {
         scorer_.compact(*store_, firing[i], layer, per_request);
       }
     }
+    // Progressive budgeters see the round, then may shrink layers already compressed, in place.
+    if constexpr (detail::progressive_budgeter<Budgeter_>) {
+      revisions_.clear();
+      budgeter_.revise(budget_round{layer, sh.layers, sh.kv_heads, event, firing, &scores_, &kept_},
+                       revisions_);
+      for (const auto& rv : revisions_) {
+        store_->retain(rv.request, rv.layer, rv.kept);
+        if constexpr (detail::stateful_scorer<Scorer_, Store_>) {
+          scorer_.compact(*store_, rv.request, rv.layer, rv.kept);
+        }
+        if (rv.request == firing.front()) layer_budgets_[rv.layer] = rv.budget;
+      }
+    }
   }
 
   void select_pages(int layer, std::span<const decode_token<element_type>> tokens) {
@@ -494,6 +533,7 @@ class method {
   score_sets scores_;
   std::vector<int> budgets_;
   index_sets kept_;
+  std::vector<budget_revision> revisions_;  // a progressive budgeter's orders after a round
   attention_plan plan_;
 };
 
