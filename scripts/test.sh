@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The whole test suite, as CI runs it on a fresh Debian bookworm machine:
+#   1. setup (scripts/setup.sh)
+#   2. release build: unit/law tests, conformance vectors, Thrust parity (CPP + OMP), compile-fail
+#   3. sanitizer build (ASan + UBSan): the same tests
+#   4. installed package: `cmake --install`, then tests/consumer builds against find_package(kvsift)
+#   5. CUDA build with nvcc for sm_80 and sm_90 (when /usr/local/cuda exists); GPU tests run and
+#      report skipped without a device
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-2}
+
+bash scripts/setup.sh
+
+echo "== release build and tests"
+cmake --preset release
+cmake --build --preset release -j "$JOBS"
+ctest --preset release -j "$JOBS"
+
+echo "== sanitizer build (ASan + UBSan) and tests"
+cmake --preset sanitize
+cmake --build --preset sanitize -j "$JOBS"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset sanitize -j "$JOBS" -LE compile_fail
+
+echo "== installed package consumer"
+rm -rf build/install build/consumer
+cmake --install build/release --prefix build/install
+cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/install"
+cmake --build build/consumer -j "$JOBS"
+./build/consumer/kvsift_consumer
+
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "== CUDA backend (nvcc, sm_80 + sm_90)"
+  cmake --preset cuda
+  cmake --build --preset cuda -j "$JOBS"
+  ctest --test-dir build/cuda -L cuda --output-on-failure
+else
+  echo "== CUDA backend skipped: no nvcc at /usr/local/cuda/bin/nvcc"
+fi
+echo "== all tests passed"
