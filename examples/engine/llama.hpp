@@ -326,11 +326,31 @@ class full_cache : public kv_cache {
 
 namespace detail {
 
+// A native float vector as a GCC/Clang vector extension: 8 lanes with AVX, else 4 (SSE, NEON).
+// Explicit so the hot loops vectorise and keep their accumulators in registers without
+// -ffast-math. (v8f is the historical name: it has kW lanes.)
+#if defined(__AVX__)
+inline constexpr int kW = 8;
+#else
+inline constexpr int kW = 4;
+#endif
+using v8f = float __attribute__((vector_size(kW * 4)));
+using v8i = std::int32_t __attribute__((vector_size(kW * 4)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, v8f v) { __builtin_memcpy(p, &v, sizeof v); }
+inline v8f splat8(float x) { return v8f{} + x; }
+
 // Y[n, out] = X[n, in] Wt[in, out] (Wt = W^T, so y = x W^T for HF's W [out, in]).
-// Tiles of 4 rows x 64 columns accumulated in registers; OpenMP over tiles.
+// Tiles of 4 rows x 2 vectors of columns accumulated in registers; OpenMP over tiles for large products
+// (small ones, e.g. decode steps, stay on the calling thread).
 inline void matmul(const float* X, int n, int in, const float* Wt, int out, float* Y) {
   constexpr int R = 4;
-  constexpr int C = 64;
+  constexpr int C = 2 * kW;
   const int row_blocks = (n + R - 1) / R;
   const int col_blocks = (out + C - 1) / C;
 #pragma omp parallel for collapse(2) schedule(static) if (static_cast<long>(n) * in * out > 4000000)
@@ -340,20 +360,30 @@ inline void matmul(const float* X, int n, int in, const float* Wt, int out, floa
       const int c0 = cb * C;
       const int rows = std::min(R, n - r0);
       const int cols = std::min(C, out - c0);
-      if (rows == R && cols == C) {
-        float acc[R][C] = {};
+      if (cols == C) {
+        v8f a0{}, a1{}, b0{}, b1{}, c0v{}, c1v{}, d0{}, d1{};
+        const float* x0 = X + static_cast<std::size_t>(r0) * in;
+        const float* x1 = x0 + (rows > 1 ? in : 0);
+        const float* x2 = x0 + (rows > 2 ? 2 * in : 0);
+        const float* x3 = x0 + (rows > 3 ? 3 * in : 0);
         for (int k = 0; k < in; ++k) {
           const float* w = Wt + static_cast<std::size_t>(k) * out + c0;
-          for (int r = 0; r < R; ++r) {
-            const float x = X[static_cast<std::size_t>(r0 + r) * in + k];
-#pragma omp simd
-            for (int c = 0; c < C; ++c) {
-              acc[r][c] += x * w[c];
-            }
-          }
+          const v8f w0 = load8(w);
+          const v8f w1 = load8(w + kW);
+          a0 += x0[k] * w0;
+          a1 += x0[k] * w1;
+          b0 += x1[k] * w0;
+          b1 += x1[k] * w1;
+          c0v += x2[k] * w0;
+          c1v += x2[k] * w1;
+          d0 += x3[k] * w0;
+          d1 += x3[k] * w1;
         }
-        for (int r = 0; r < R; ++r) {
-          std::copy(acc[r], acc[r] + C, Y + static_cast<std::size_t>(r0 + r) * out + c0);
+        const v8f res[R][2] = {{a0, a1}, {b0, b1}, {c0v, c1v}, {d0, d1}};
+        for (int r = 0; r < rows; ++r) {
+          float* y = Y + static_cast<std::size_t>(r0 + r) * out + c0;
+          store8(y, res[r][0]);
+          store8(y + kW, res[r][1]);
         }
       } else {
         for (int r = 0; r < rows; ++r) {
@@ -361,9 +391,8 @@ inline void matmul(const float* X, int n, int in, const float* Wt, int out, floa
           const float* x = X + static_cast<std::size_t>(r0 + r) * in;
           for (int k = 0; k < in; ++k) {
             const float* w = Wt + static_cast<std::size_t>(k) * out + c0;
-            const float xk = x[k];
             for (int c = 0; c < cols; ++c) {
-              acc[c] += xk * w[c];
+              acc[c] += x[k] * w[c];
             }
           }
           std::copy(acc, acc + cols, Y + static_cast<std::size_t>(r0 + r) * out + c0);
@@ -409,107 +438,174 @@ inline void rope(float* x, int n, int heads, int d, const int* positions, const 
   }
 }
 
-// exp(x) for x <= 0 (softmax after subtracting the maximum), vectorisable: x = k ln2 + r,
-// |r| <= ln2/2, degree-6 Taylor polynomial for e^r (relative error < 2e-7), scaled by 2^k
-// through the exponent bits; x < -87 gives 0.
-#pragma omp declare simd
-inline float exp_nonpositive(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;
-  constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float kf = (xc * 1.44269504088896341f + round_magic) - round_magic;
-  const float r = (xc - kf * 0.693145751953125f) - kf * 1.42860682030941723212e-6f;
-  float p = 1.0f / 720.0f;
+// exp(x) for x <= 0 (softmax after subtracting the maximum), one vector: x = k ln2 + r,
+// |r| <= ln2/2, degree-6 Taylor polynomial for e^r (relative error < 3e-7), times 2^k built in
+// the exponent bits; x < -87 gives 0.
+inline v8f exp8_nonpositive(v8f x) {
+  const v8i tiny = x < -87.0f;
+  const v8f xc = tiny ? splat8(-87.0f) : x;
+  const v8f round_magic = splat8(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const v8f kf = (xc * 1.44269504088896341f + round_magic) - round_magic;
+  const v8f r = (xc - kf * 0.693145751953125f) - kf * 1.42860682030941723212e-6f;
+  v8f p = splat8(1.0f / 720.0f);
   p = p * r + 1.0f / 120.0f;
   p = p * r + 1.0f / 24.0f;
   p = p * r + 1.0f / 6.0f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(kf) + 127) << 23;
-  const float scale2 = std::bit_cast<float>(bits);
-  return x < -87.0f ? 0.0f : p * scale2;
+  const v8i bits = (__builtin_convertvector(kf, v8i) + 127) << 23;
+  v8f scale2;
+  __builtin_memcpy(&scale2, &bits, sizeof scale2);
+  return tiny ? v8f{} : p * scale2;
 }
 
 // Causal attention over a whole prompt. q [n, qh, d], k/v [n, kvh, d] -> out [n, qh, d].
+// Per (query head, block of 4 consecutive queries): scores 16 keys at a time in registers, a
+// vectorised exp, then the weighted sum of values.
 inline void prefill_attention(const float* q, const float* k, const float* v, int n, int qh,
                               int kvh, int d, float* out) {
+  constexpr int QB = 4;   // queries per block
+  constexpr int J = 2 * kW;  // keys per score block
   const int group = qh / kvh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  // per KV head: keys transposed [d][n] (score loop runs over tokens), values [n][d]
-  std::vector<float> kt(static_cast<std::size_t>(kvh) * d * n);
+  const int n_pad = (n + J - 1) / J * J + J;
+  // per KV head: keys transposed [d][n_pad] (zero padded), values [n][d]
+  std::vector<float> kt(static_cast<std::size_t>(kvh) * d * n_pad, 0.0f);
   std::vector<float> vv(static_cast<std::size_t>(kvh) * n * d);
   for (int t = 0; t < n; ++t) {
     for (int g = 0; g < kvh; ++g) {
       const float* kr = k + (static_cast<std::size_t>(t) * kvh + g) * d;
       const float* vr = v + (static_cast<std::size_t>(t) * kvh + g) * d;
       for (int c = 0; c < d; ++c) {
-        kt[(static_cast<std::size_t>(g) * d + c) * n + t] = kr[c];
+        kt[(static_cast<std::size_t>(g) * d + c) * n_pad + t] = kr[c];
         vv[(static_cast<std::size_t>(g) * n + t) * d + c] = vr[c];
       }
     }
   }
+  const int qblocks = (n + QB - 1) / QB;
 #pragma omp parallel
   {
-    std::vector<float> s(static_cast<std::size_t>(n));
+    std::vector<float> s(static_cast<std::size_t>(QB) * n_pad);
+    std::vector<float> qs(static_cast<std::size_t>(QB) * d);
     std::vector<float> acc(static_cast<std::size_t>(d));
-#pragma omp for schedule(dynamic, 8) collapse(2)
+#pragma omp for schedule(dynamic, 4) collapse(2)
     for (int h = 0; h < qh; ++h) {
-      for (int ii = 0; ii < n; ++ii) {
-        const int i = n - 1 - ii;  // longest rows first for load balance
+      for (int bb = 0; bb < qblocks; ++bb) {
+        const int b = qblocks - 1 - bb;  // longest rows first for load balance
         const int g = h / group;
-        const float* qi = q + (static_cast<std::size_t>(i) * qh + h) * d;
-        const float* kg = kt.data() + static_cast<std::size_t>(g) * d * n;
-        const int m = i + 1;
-        // scores in blocks of 16 tokens held in registers across the d channels
-        constexpr int J = 16;
-        const int m_full = m / J * J;
-        float* sp = s.data();
-        for (int j0 = 0; j0 < m_full; j0 += J) {
-          float blk[J] = {};
+        const int i0 = b * QB;
+        const int nq = std::min(QB, n - i0);
+        for (int r = 0; r < QB; ++r) {  // scaled queries; missing rows repeat the last one
+          const int i = i0 + std::min(r, nq - 1);
+          const float* qi = q + (static_cast<std::size_t>(i) * qh + h) * d;
           for (int c = 0; c < d; ++c) {
-            const float qc = qi[c] * scale;
-            const float* kc = kg + static_cast<std::size_t>(c) * n + j0;
-#pragma omp simd
-            for (int jj = 0; jj < J; ++jj) {
-              blk[jj] += qc * kc[jj];
+            qs[static_cast<std::size_t>(r) * d + c] = qi[c] * scale;
+          }
+        }
+        const float* kg = kt.data() + static_cast<std::size_t>(g) * d * n_pad;
+        const int m = i0 + nq;  // keys 0..m-1 cover the block's longest row
+        for (int j0 = 0; j0 < m; j0 += J) {
+          v8f s00{}, s01{}, s10{}, s11{}, s20{}, s21{}, s30{}, s31{};
+          for (int c = 0; c < d; ++c) {
+            const float* kc = kg + static_cast<std::size_t>(c) * n_pad + j0;
+            const v8f k0 = load8(kc);
+            const v8f k1 = load8(kc + kW);
+            const float* qc = qs.data() + c;
+            s00 += qc[0] * k0;
+            s01 += qc[0] * k1;
+            s10 += qc[d] * k0;
+            s11 += qc[d] * k1;
+            s20 += qc[2 * d] * k0;
+            s21 += qc[2 * d] * k1;
+            s30 += qc[3 * d] * k0;
+            s31 += qc[3 * d] * k1;
+          }
+          float* sp = s.data() + j0;
+          store8(sp, s00);
+          store8(sp + kW, s01);
+          store8(sp + n_pad, s10);
+          store8(sp + n_pad + kW, s11);
+          store8(sp + 2 * n_pad, s20);
+          store8(sp + 2 * n_pad + kW, s21);
+          store8(sp + 3 * n_pad, s30);
+          store8(sp + 3 * n_pad + kW, s31);
+        }
+        for (int r = 0; r < nq; ++r) {
+          const int i = i0 + r;
+          const int len = i + 1;  // causal: keys 0..i
+          float* sr = s.data() + static_cast<std::size_t>(r) * n_pad;
+          float mx = -INFINITY;
+          for (int j = 0; j < len; ++j) {
+            mx = std::max(mx, sr[j]);
+          }
+          for (int j = len; j < (len + kW - 1) / kW * kW; ++j) {
+            sr[j] = -INFINITY;  // masked lanes of the last vector give exp = 0
+          }
+          v8f vsum{};
+          for (int j = 0; j < len; j += kW) {
+            const v8f e = exp8_nonpositive(load8(sr + j) - mx);
+            store8(sr + j, e);
+            vsum += e;
+          }
+          float sum = 0.0f;
+          for (int l = 0; l < kW; ++l) {
+            sum += vsum[l];
+          }
+          const float* vg = vv.data() + static_cast<std::size_t>(g) * n * d;
+          float* oi = out + (static_cast<std::size_t>(i) * qh + h) * d;
+          if (d == 32 && kW == 8) {
+            v8f o0{}, o1{}, o2{}, o3{};
+            for (int j = 0; j < len; ++j) {
+              const float p = sr[j];
+              const float* vr = vg + static_cast<std::size_t>(j) * 32;
+              o0 += p * load8(vr);
+              o1 += p * load8(vr + kW);
+              o2 += p * load8(vr + 2 * kW);
+              o3 += p * load8(vr + 3 * kW);
+            }
+            const float inv = 1.0f / sum;
+            store8(oi, o0 * inv);
+            store8(oi + kW, o1 * inv);
+            store8(oi + 2 * kW, o2 * inv);
+            store8(oi + 3 * kW, o3 * inv);
+          } else if (d == 32 && kW == 4) {
+            v8f o0{}, o1{}, o2{}, o3{}, o4{}, o5{}, o6{}, o7{};
+            for (int j = 0; j < len; ++j) {
+              const float p = sr[j];
+              const float* vr = vg + static_cast<std::size_t>(j) * 32;
+              o0 += p * load8(vr);
+              o1 += p * load8(vr + kW);
+              o2 += p * load8(vr + 2 * kW);
+              o3 += p * load8(vr + 3 * kW);
+              o4 += p * load8(vr + 4 * kW);
+              o5 += p * load8(vr + 5 * kW);
+              o6 += p * load8(vr + 6 * kW);
+              o7 += p * load8(vr + 7 * kW);
+            }
+            const float inv = 1.0f / sum;
+            store8(oi, o0 * inv);
+            store8(oi + kW, o1 * inv);
+            store8(oi + 2 * kW, o2 * inv);
+            store8(oi + 3 * kW, o3 * inv);
+            store8(oi + 4 * kW, o4 * inv);
+            store8(oi + 5 * kW, o5 * inv);
+            store8(oi + 6 * kW, o6 * inv);
+            store8(oi + 7 * kW, o7 * inv);
+          } else {
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (int j = 0; j < len; ++j) {
+              const float p = sr[j];
+              const float* vr = vg + static_cast<std::size_t>(j) * d;
+              for (int c = 0; c < d; ++c) {
+                acc[static_cast<std::size_t>(c)] += p * vr[c];
+              }
+            }
+            const float inv = 1.0f / sum;
+            for (int c = 0; c < d; ++c) {
+              oi[c] = acc[static_cast<std::size_t>(c)] * inv;
             }
           }
-          std::copy(blk, blk + J, sp + j0);
-        }
-        for (int j = m_full; j < m; ++j) {
-          float acc_s = 0.0f;
-          for (int c = 0; c < d; ++c) {
-            acc_s += qi[c] * scale * kg[static_cast<std::size_t>(c) * n + j];
-          }
-          sp[j] = acc_s;
-        }
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int j = 0; j < m; ++j) {
-          mx = std::max(mx, sp[j]);
-        }
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < m; ++j) {
-          const float e = exp_nonpositive(sp[j] - mx);
-          sp[j] = e;
-          sum += e;
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        const float* vg = vv.data() + static_cast<std::size_t>(g) * n * d;
-        for (int j = 0; j < m; ++j) {
-          const float p = s[static_cast<std::size_t>(j)];
-          const float* vr = vg + static_cast<std::size_t>(j) * d;
-          float* ap = acc.data();
-#pragma omp simd
-          for (int c = 0; c < d; ++c) {
-            ap[c] += p * vr[c];
-          }
-        }
-        float* oi = out + (static_cast<std::size_t>(i) * qh + h) * d;
-        const float inv = 1.0f / sum;
-        for (int c = 0; c < d; ++c) {
-          oi[c] = acc[static_cast<std::size_t>(c)] * inv;
         }
       }
     }
