@@ -61,7 +61,13 @@ struct prefill_chunk {
   int request = 0;
   kv_view<const T, nhd> keys;        // [tokens, kv_heads, d] (keys after RoPE)
   kv_view<const T, nhd> values;      // [tokens, kv_heads, d]
-  kv_view<const float, nhd> queries; // [tokens, q_heads, d], or empty when the scorer needs none
+  // [nq, q_heads, d]: the queries of the chunk's LAST nq tokens (0 <= nq <= tokens), or empty
+  // when the scorer needs none. Engines usually keep only the observation window, so a chunk may
+  // carry just its newest queries (query i sits at position first_position + tokens - nq + i).
+  // A scorer that reads every prompt query (H2O, query_window() < 0) needs nq == tokens; one
+  // reading the newest w queries needs, on the `last` chunk, min(w, prompt tokens) queries that
+  // end at the prompt's last token (this chunk's, continued by earlier chunks' when contiguous).
+  kv_view<const float, nhd> queries;
   std::int32_t first_position = 0;   // original position of the chunk's first token
   bool last = true;                  // the prompt ends with this chunk
 };
@@ -81,7 +87,8 @@ struct attention_plan {
   std::vector<int> requests;  // [R] the batch, in call order
   index_sets slots;           // [R * kv_heads] store slots to read
   index_sets positions;       // [R * kv_heads] their original positions
-  index_sets pages;           // page-level methods: [R * kv_heads] selected pages; empty otherwise
+  index_sets pages;           // page-level methods: [R * kv_heads] selected pages (every page in
+                              // a dense layer); empty otherwise
 };
 
 struct method_stats {
@@ -124,6 +131,15 @@ template <class Sc, class Store>
 concept stateful_scorer = requires(Sc& sc, const Store& st, const index_sets& sets, const float* q) {
   sc.observe(st, 0, 0, q, sets);
   sc.compact(st, 0, 0, sets);
+};
+// A selector that keeps each head-sequence's frozen prefix (LagKV's base): select(scores,
+// budgets, kept, frozen) reads the prefix per segment (slots before it are final, never
+// rescored), writes the prefix after the selection, and returns the compression rounds the call
+// amounts to (stats().refreshes adds them).
+template <class Se>
+concept freezing_selector = requires(const Se& s, const score_sets& sc, std::span<const int> b,
+                                     index_sets& k, std::span<int> f) {
+  { s.select(sc, b, k, f) } -> std::convertible_to<int>;
 };
 }  // namespace detail
 
@@ -210,9 +226,26 @@ class method {
               "keys.tokens (" + std::to_string(c.keys.tokens) + ")");
       require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
       if constexpr (Scorer_::needs_queries) {
-        c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
-        require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
-                "keys.tokens (" + std::to_string(c.keys.tokens) + "): one query per token");
+        if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
+        if (scorer_.query_window() < 0) {
+          require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
+                  "keys.tokens (" + std::to_string(c.keys.tokens) +
+                      "): this scorer reads every prompt query");
+        } else {
+          require(c.queries.tokens >= 0 && c.queries.tokens <= c.keys.tokens, where,
+                  "queries.tokens", c.queries.tokens,
+                  "in [0, keys.tokens = " + std::to_string(c.keys.tokens) +
+                      "]: the chunk's newest queries");
+        }
+        if (c.last && !page_level_selection && layer >= p_.dense_layers &&
+            scorer_.query_window() > 0) {
+          const int have = contiguous_queries(c.request, layer, c);
+          const int need = std::min(scorer_.query_window(),
+                                    store_->length(sh.sequence(c.request, layer, 0)) + c.keys.tokens);
+          require(have >= need, where, "queries.tokens", c.queries.tokens,
+                  "enough newest queries for the scorer's window: " + std::to_string(need) +
+                      " ending at the prompt's last token (" + std::to_string(have) + " available)");
+        }
       }
       const int room = store_->capacity(sh.sequence(c.request, layer, 0)) -
                        store_->length(sh.sequence(c.request, layer, 0));
@@ -227,7 +260,8 @@ class method {
     for (const auto& c : chunks) {
       store_->append(c.request, layer, c.keys, c.values, c.first_position);
       if constexpr (Scorer_::needs_queries) {
-        remember_queries(c.request, layer, c.queries, c.first_position);
+        remember_queries(c.request, layer, c.queries,
+                         c.first_position + c.keys.tokens - c.queries.tokens);
       }
       (c.last ? ended : between).push_back(c.request);
     }
@@ -280,6 +314,16 @@ class method {
     for (int s = 0; s < plan_.slots.segments(); ++s) {
       auto seg = plan_.slots[s];
       std::iota(seg.begin(), seg.end(), 0);
+    }
+    if constexpr (page_level_selection) {  // a dense layer of a page method reads every page
+      const int ps = selector_.p.page_size;
+      std::vector<int> page_counts;
+      for (const int n : sizes) page_counts.push_back((n + ps - 1) / ps);
+      plan_.pages.resize(page_counts);
+      for (int s = 0; s < plan_.pages.segments(); ++s) {
+        auto seg = plan_.pages[s];
+        std::iota(seg.begin(), seg.end(), 0);
+      }
     }
     fill_positions(layer);
     return plan_;
@@ -343,6 +387,11 @@ class method {
 
   [[nodiscard]] const attention_plan& plan() const { return plan_; }
   [[nodiscard]] int step(int request, int layer) const { return steps_[slot(request, layer)]; }
+  // Final prefix of a head-sequence: its slots before this one are never rescored (advanced by a
+  // freezing selector, e.g. LagKV's base; 0 otherwise).
+  [[nodiscard]] int frozen(int request, int layer, int head) const {
+    return frozen_[store_->shape().sequence(request, layer, head)];
+  }
 
  private:
   [[nodiscard]] std::size_t slot(int request, int layer) const {
@@ -357,13 +406,31 @@ class method {
             "in [0, " + std::to_string(store_->requests()) + ")");
   }
 
+  // Queries available for the window ending at chunk c's last token: c's own, plus the buffered
+  // ones when they continue right before c's first query.
+  int contiguous_queries(int request, int layer, const prefill_chunk<element_type>& c) const {
+    const auto& sh = store_->shape();
+    const std::size_t row = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
+    const int buffered = static_cast<int>(queries_[slot(request, layer)].size() / row);
+    const std::int32_t first = c.first_position + c.keys.tokens - c.queries.tokens;
+    const bool continues = buffered > 0 && query_position_[slot(request, layer)] + buffered == first;
+    return c.queries.tokens + (continues ? buffered : 0);
+  }
+
   // Keeps the newest queries the scorer needs (all of them for a window of -1), across chunks.
+  // `first` is the position of q's first row; buffered queries that do not end right before it
+  // are dropped (a chunk that carried only its newest queries leaves a gap).
   void remember_queries(int request, int layer, kv_view<const float, nhd> q, std::int32_t first) {
     const auto& sh = store_->shape();
     const int keep = scorer_.query_window();
     if (keep == 0) return;
     auto& buf = queries_[slot(request, layer)];
     const std::size_t row = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
+    if (!buf.empty() && query_position_[slot(request, layer)] +
+                                static_cast<std::int32_t>(buf.size() / row) != first) {
+      buf.clear();
+    }
+    if (q.tokens == 0) return;
     const int have = static_cast<int>(buf.size() / row);
     if (have == 0) query_position_[slot(request, layer)] = first;
     for (int t = 0; t < q.tokens; ++t) {
@@ -436,11 +503,25 @@ class method {
       qs.push_back(kv_view<const float, nhd>::contiguous(buf.data(), rows, sh.q_heads, sh.head_dim));
       qpos.push_back(query_position_[slot(r, layer)]);
     }
-    score_input<Store_> in{store_, layer, event, firing, qs, qpos, {}};
+    std::vector<int> frozen;  // [firing * kv_heads] final prefix of each head-sequence
+    for (const int r : firing) {
+      for (int h = 0; h < sh.kv_heads; ++h) frozen.push_back(frozen_[sh.sequence(r, layer, h)]);
+    }
+    score_input<Store_> in{store_, layer, event, firing, qs, qpos, frozen};
     scorer_.score(in, scores_);
-    selector_.select(scores_, firing_budgets, kept_);  // throws before any store is touched
+    // The selector throws before any store is touched; a freezing one advances `frozen`.
+    if constexpr (detail::freezing_selector<Selector_>) {
+      refreshes_ += selector_.select(scores_, firing_budgets, kept_, std::span<int>(frozen));
+      for (std::size_t i = 0; i < firing.size(); ++i) {
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          frozen_[sh.sequence(firing[i], layer, h)] = frozen[i * sh.kv_heads + h];
+        }
+      }
+    } else {
+      selector_.select(scores_, firing_budgets, kept_);
+      ++refreshes_;
+    }
     layer_budgets_[layer] = firing_budgets.empty() ? -1 : firing_budgets.front();
-    ++refreshes_;
     for (std::size_t i = 0; i < firing.size(); ++i) {
       index_sets per_request;
       bool shrinks = false;
