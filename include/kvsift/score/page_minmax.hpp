@@ -74,25 +74,57 @@ struct page_minmax {
     layout_scores(in, out,
                   [&](int s) { return (in.store->length(in.sequence(s)) + ps - 1) / ps; });
     const int G = sh.group_size();
-    const int d = sh.head_dim;
     cpu::parallel_for(in.segments(), [&](std::int64_t s) {
-      const int r = static_cast<int>(s) / sh.kv_heads;
-      const int h = static_cast<int>(s) % sh.kv_heads;
-      const auto seq = in.sequence(static_cast<int>(s));
       const int pages = out.size(static_cast<int>(s));
-      std::vector<float> kmin(static_cast<std::size_t>(pages) * d), kmax(kmin.size());
-      cpu::page_digest(*in.store, seq, ps, kmin, kmax);
       std::vector<float> rows(static_cast<std::size_t>(G) * pages);
-      const auto& q = in.queries[r];
-      for (int g = 0; g < G; ++g) {
-        const float* qv = q.row(q.tokens - 1, h * G + g);
-        for (int pg = 0; pg < pages; ++pg) {
-          rows[static_cast<std::size_t>(g) * pages + pg] =
-              cpu::page_bound(qv, kmin.data() + pg * d, kmax.data() + pg * d, d);
-        }
-      }
+      group_bounds(in, static_cast<int>(s), rows);
       cpu::reduce_group(rows, G, out[static_cast<int>(s)], p.gqa);
     });
+  }
+
+  // Quest's per-query-head option: no GQA reduction, one segment per query head (request-major,
+  // then query head h, which reads KV head h / G) holding its page scores, for a page selector
+  // that keeps one page set per query head. Cost as score().
+  template <class Store>
+  void score_per_query_head(const score_input<Store>& in, score_sets& out) const {
+    const model_shape& sh = in.store->shape();
+    const int ps = p.page_size;
+    const int G = sh.group_size();
+    std::vector<int> sizes(static_cast<std::size_t>(in.segments()) * G);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const int s = static_cast<int>(i) / G;
+      sizes[i] = (in.store->length(in.sequence(s)) + ps - 1) / ps;
+    }
+    out.resize(sizes);
+    cpu::parallel_for(in.segments(), [&](std::int64_t s) {
+      const int pages = sizes[static_cast<std::size_t>(s) * G];
+      std::span<float> rows(out.values.data() + out.offsets[static_cast<std::size_t>(s) * G],
+                            static_cast<std::size_t>(G) * pages);
+      group_bounds(in, static_cast<int>(s), rows);
+    });
+  }
+
+ private:
+  // rows [G, pages]: the bounds of segment s's pages for each query head of its group.
+  template <class Store>
+  void group_bounds(const score_input<Store>& in, int s, std::span<float> rows) const {
+    const model_shape& sh = in.store->shape();
+    const int G = sh.group_size();
+    const int d = sh.head_dim;
+    const int r = s / sh.kv_heads;
+    const int h = s % sh.kv_heads;
+    const auto seq = in.sequence(s);
+    const int pages = (in.store->length(seq) + p.page_size - 1) / p.page_size;
+    std::vector<float> kmin(static_cast<std::size_t>(pages) * d), kmax(kmin.size());
+    cpu::page_digest(*in.store, seq, p.page_size, kmin, kmax);
+    const auto& q = in.queries[r];
+    for (int g = 0; g < G; ++g) {
+      const float* qv = q.row(q.tokens - 1, h * G + g);
+      for (int pg = 0; pg < pages; ++pg) {
+        rows[static_cast<std::size_t>(g) * pages + pg] =
+            cpu::page_bound(qv, kmin.data() + pg * d, kmax.data() + pg * d, d);
+      }
+    }
   }
 };
 static_assert(Scorer<page_minmax>);
