@@ -17,6 +17,7 @@
 #include <kvsift/core/view.hpp>
 #include <kvsift/method/any_method.hpp>
 #include <kvsift/method/baselines.hpp>
+#include <kvsift/method/lagkv.hpp>
 #include <kvsift/method/method.hpp>
 #include <kvsift/score/cumulative_attention.hpp>
 #include <kvsift/score/last_query_attention.hpp>
