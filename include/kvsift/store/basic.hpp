@@ -41,10 +41,11 @@ class basic_store {
   [[nodiscard]] const T* value(std::int64_t seq, int slot) const {
     return self().value_slot(seq, slot);
   }
-  // Position one past the newest token of a request's layer (0 when empty).
+  // Position one past the newest token ever appended to a request's layer (0 after construction
+  // or reset). It survives compaction: a retain that releases the newest tokens (StreamingLLM with
+  // budget = sink) does not move it back.
   [[nodiscard]] std::int32_t next_position(int request, int layer) const {
-    const auto seq = shape_.sequence(request, layer, 0);
-    return length_[seq] == 0 ? 0 : position(seq, length_[seq] - 1) + 1;
+    return next_[static_cast<std::size_t>(request) * shape_.layers + layer];
   }
 
   [[nodiscard]] std::int64_t resident_tokens() const {
@@ -93,6 +94,7 @@ class basic_store {
       }
       length_[seq] = base + k.tokens;
     }
+    next_[static_cast<std::size_t>(request) * shape_.layers + layer] = first_position + k.tokens;
   }
 
   // Keeps, for each KV head h of (request, layer), exactly the slots kept[h] (ascending) and
@@ -127,6 +129,7 @@ class basic_store {
     require(request >= 0 && request < requests_, "store.reset", "request", request,
             "in [0, " + std::to_string(requests_) + ")");
     for (int l = 0; l < shape_.layers; ++l) {
+      next_[static_cast<std::size_t>(request) * shape_.layers + l] = 0;
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto seq = shape_.sequence(request, l, h);
         length_[seq] = 0;
@@ -159,12 +162,14 @@ class basic_store {
     shape_.validate(where);
     require(requests > 0, where, "requests", requests, "> 0");
     length_.assign(static_cast<std::size_t>(requests) * shape_.sequences_per_request(), 0);
+    next_.assign(static_cast<std::size_t>(requests) * shape_.layers, 0);
   }
   [[nodiscard]] std::int64_t sequences() const { return static_cast<std::int64_t>(length_.size()); }
 
   model_shape shape_;
   int requests_ = 0;
   std::vector<int> length_;  // [requests * layers * kv_heads] resident tokens per head-sequence
+  std::vector<std::int32_t> next_;  // [requests * layers] position after the newest appended token
 
  private:
   const Derived& self() const { return static_cast<const Derived&>(*this); }
