@@ -27,7 +27,3 @@ static_assert(!kc::KvView<int>, "a non-view type must not model KvView");
 static_assert(std::is_trivially_copyable_v<kc::segmented_topk_plan>, "plans are PODs");
 static_assert(std::is_trivially_copyable_v<kc::par>, "the policy is a POD");
 static_assert(std::is_base_of_v<std::runtime_error, kvsift::cuda_error>);
-
-// The non-template algorithms, referenced so they are compiled here too.
-[[maybe_unused]] static auto* const kvsift_topk_check = &kc::segmented_topk;
-[[maybe_unused]] static auto* const kvsift_topk_plan_check = &kc::make_segmented_topk_plan;

@@ -20,6 +20,7 @@
 //   kvsift::cuda::segmented_topk(kvsift::cuda::par{stream}, plan, ws.data(), ws.size(),
 //                                scores, offsets, out_offsets, out_indices); // every step
 
+#include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail.cuh>
 #include <kvsift/cuda/error.cuh>
@@ -59,7 +60,9 @@ KVSIFT_DEVICE inline std::uint32_t descending_key(float s) {
   return ~ordered;
 }
 
-KVSIFT_KERNEL void topk_make_keys(const float* __restrict__ scores,
+// Kernels are templates so that a header-only library never defines a kernel twice.
+template <Element Score>
+KVSIFT_KERNEL void topk_make_keys(const Score* __restrict__ scores,
                                   const std::int32_t* __restrict__ offsets,
                                   std::int32_t num_segments, std::int32_t num_items,
                                   std::uint64_t* __restrict__ keys) {
@@ -68,11 +71,12 @@ KVSIFT_KERNEL void topk_make_keys(const float* __restrict__ scores,
     const std::int32_t s = segment_of(offsets, num_segments, i);
     const auto local = static_cast<std::uint32_t>(i - offsets[s]);
     // index in the low bits: equal scores order by index without a stable sort
-    keys[i] = (std::uint64_t{descending_key(scores[i])} << 32) | local;
+    keys[i] = (std::uint64_t{descending_key(to_float(scores[i]))} << 32) | local;
   }
 }
 
-KVSIFT_KERNEL void topk_take_first(const std::uint64_t* __restrict__ sorted,
+template <class Key>
+KVSIFT_KERNEL void topk_take_first(const Key* __restrict__ sorted,
                                    const std::int32_t* __restrict__ offsets,
                                    const std::int32_t* __restrict__ out_offsets,
                                    std::int32_t num_segments, std::int32_t num_kept,
@@ -91,8 +95,10 @@ KVSIFT_KERNEL void topk_take_first(const std::uint64_t* __restrict__ sorted,
 
 // Sizes a segmented top-k (phase one). Calls CUB's size queries, which read the current
 // device's properties: throws cuda_error without a usable device, kvsift::error on negative
-// counts.
-[[nodiscard]] inline segmented_topk_plan make_segmented_topk_plan(std::int32_t num_items,
+// counts. (A template only so that CUB's kernels are compiled in the TUs that use it; the plan
+// does not depend on Score.)
+template <Element Score = float>
+[[nodiscard]] segmented_topk_plan make_segmented_topk_plan(std::int32_t num_items,
                                                                   std::int32_t num_segments,
                                                                   std::int32_t num_kept) {
   constexpr const char* where = "cuda::make_segmented_topk_plan";
@@ -130,22 +136,24 @@ KVSIFT_KERNEL void topk_take_first(const std::uint64_t* __restrict__ sorted,
 }
 
 // Workspace a segmented top-k of these counts needs (phase one, shorthand).
-[[nodiscard]] inline std::size_t segmented_topk_workspace_bytes(std::int32_t num_items,
+template <Element Score = float>
+[[nodiscard]] std::size_t segmented_topk_workspace_bytes(std::int32_t num_items,
                                                                 std::int32_t num_segments,
                                                                 std::int32_t num_kept) {
-  return make_segmented_topk_plan(num_items, num_segments, num_kept).workspace_bytes;
+  return make_segmented_topk_plan<Score>(num_items, num_segments, num_kept).workspace_bytes;
 }
 
 // Segmented top-k (phase two). Enqueues on policy.stream; no allocation, no host sync.
-//   scores       [plan.num_items] device, float; segment s is [offsets[s], offsets[s+1])
+//   scores       [plan.num_items] device, float (or half/bfloat16, compared as float); segment s is [offsets[s], offsets[s+1])
 //   offsets      [plan.num_segments + 1] device CSR offsets, offsets[0] == 0
 //   out_offsets  [plan.num_segments + 1] device CSR offsets of the result; segment s keeps
 //                k_s = out_offsets[s+1] - out_offsets[s] <= its length (else -1 entries)
 //   out_indices  [plan.num_kept] device; indices local to their segment, ascending
 //   workspace    >= plan.workspace_bytes bytes of device memory, 256-byte aligned
 // Throws kvsift::error on a too small workspace or null pointers; cuda_error on launch errors.
-inline void segmented_topk(par policy, const segmented_topk_plan& plan, void* workspace,
-                           std::size_t workspace_bytes, const float* scores,
+template <Element Score>
+void segmented_topk(par policy, const segmented_topk_plan& plan, void* workspace,
+                    std::size_t workspace_bytes, const Score* scores,
                            const std::int32_t* offsets, const std::int32_t* out_offsets,
                            std::int32_t* out_indices) {
   constexpr const char* where = "cuda::segmented_topk";
@@ -166,7 +174,7 @@ inline void segmented_topk(par policy, const segmented_topk_plan& plan, void* wo
   void* order_tmp = c.take_bytes(plan.order_bytes);
   constexpr int block = 256;
 
-  detail::topk_make_keys<<<detail::grid_for(plan.num_items, block), block, 0, policy.stream>>>(
+  detail::topk_make_keys<Score><<<detail::grid_for(plan.num_items, block), block, 0, policy.stream>>>(
       scores, offsets, plan.num_segments, plan.num_items, keys);
   check_launch(where);
   std::size_t sort_bytes = plan.sort_bytes;
@@ -174,7 +182,7 @@ inline void segmented_topk(par policy, const segmented_topk_plan& plan, void* wo
                                              plan.num_segments, offsets, offsets + 1,
                                              policy.stream),
         where);
-  detail::topk_take_first<<<detail::grid_for(plan.num_kept, block), block, 0, policy.stream>>>(
+  detail::topk_take_first<std::uint64_t><<<detail::grid_for(plan.num_kept, block), block, 0, policy.stream>>>(
       sorted, offsets, out_offsets, plan.num_segments, plan.num_kept, kept);
   check_launch(where);
   std::size_t order_bytes = plan.order_bytes;

@@ -134,14 +134,8 @@ KVSIFT_KERNEL void hnd_blocks_to_nhd(const T* __restrict__ staging, recall_chunk
 template <Element T>
 class streamed_recall {
  public:
-  explicit streamed_recall(recall_shape shape) : shape_(shape) {
-    constexpr const char* where = "cuda::streamed_recall";
-    require(shape.page_size > 0, where, "shape.page_size", shape.page_size, "> 0");
-    require(shape.num_kv_heads > 0, where, "shape.num_kv_heads", shape.num_kv_heads, "> 0");
-    require(shape.head_dim > 0, where, "shape.head_dim", shape.head_dim, "> 0");
-    require(shape.chunk_items >= 1 && shape.chunk_items <= max_recall_chunk, where,
-            "shape.chunk_items", shape.chunk_items, "in [1, 64]");
-  }
+  // Validates the shape (kvsift::error) before creating any CUDA resource.
+  explicit streamed_recall(recall_shape shape) : shape_(validated(shape)) {}
 
   // Elements of one (page, head) block: keys and values of page_size tokens.
   [[nodiscard]] static std::size_t block_elems(const recall_shape& s) noexcept {
@@ -219,7 +213,17 @@ class streamed_recall {
   [[nodiscard]] std::size_t bytes_recalled() const noexcept { return bytes_; }
 
  private:
-  recall_shape shape_;
+  static recall_shape validated(const recall_shape& shape) {
+    constexpr const char* where = "cuda::streamed_recall";
+    require(shape.page_size > 0, where, "shape.page_size", shape.page_size, "> 0");
+    require(shape.num_kv_heads > 0, where, "shape.num_kv_heads", shape.num_kv_heads, "> 0");
+    require(shape.head_dim > 0, where, "shape.head_dim", shape.head_dim, "> 0");
+    require(shape.chunk_items >= 1 && shape.chunk_items <= max_recall_chunk, where,
+            "shape.chunk_items", shape.chunk_items, "in [1, 64]");
+    return shape;
+  }
+
+  recall_shape shape_;  // declared first: initialised (validated) before the events
   event start_{};
   event filled_[2]{event{}, event{}};
   event freed_[2]{event{}, event{}};
