@@ -5,3 +5,4 @@
 set(KVSIFT_CONFORMANCE_KINDS)
 list(APPEND KVSIFT_CONFORMANCE_KINDS attention.decode select.topk budget.fraction score.snapkv method.snapkv.prefill score.h2o_prefill method.h2o.prefill method.streaming_llm.prefill budget.pyramidkv method.pyramidkv.prefill score.quest_pages method.quest.select method.streaming_llm.decode method.h2o.decode method.quest.decode)
 list(APPEND KVSIFT_CONFORMANCE_KINDS score.lagkv method.lagkv.prefill method.lagkv.decode)
+list(APPEND KVSIFT_CONFORMANCE_KINDS budget.dynamickv method.dynamickv.prefill)

@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+// DynamicKV kinds (SPEC.md §5): budget.dynamickv drives budget::dynamic_layer exactly as the
+// method does (budgets() per layer, select::topk with the window, revise() after each layer's
+// round, revisions applied to the kept sets); method.dynamickv.prefill runs the named method
+// dynamickv over a store::dense<float>, prefilling layer by layer as an engine does.
+
+#include "runner.hpp"
+
+#include <kvsift/budget/dynamic_layer.hpp>
+#include <kvsift/method/dynamickv.hpp>
+#include <kvsift/select/topk.hpp>
+#include <kvsift/store/dense.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+namespace kc = kvsift::conformance;
+using kvsift::kv_view;
+using kvsift::model_shape;
+using kvsift::nhd;
+using store_t = kvsift::store::dense<float>;
+
+int dim(const kc::tensor& t, std::size_t i) { return static_cast<int>(t.dim(i)); }
+int param(const kc::case_data& c, const char* name) { return static_cast<int>(c.param_i(name)); }
+
+kv_view<const float, nhd> head_major(const float* data, int heads, int tokens, int d) {
+  return {data, tokens, heads, d, d, static_cast<std::int64_t>(tokens) * d};
+}
+
+void put_common(kc::outputs& out, int L, const std::vector<int>& past,
+                const std::vector<std::vector<int>>& history,
+                const std::vector<std::vector<std::int32_t>>& kept) {
+  out.put_i32("past_budget", {L}, std::vector<std::int32_t>(past.begin(), past.end()));
+  std::vector<std::int32_t> h;
+  for (const auto& row : history) h.insert(h.end(), row.begin(), row.end());
+  out.put_i32("history", {static_cast<std::int64_t>(history.size()), L}, std::move(h));
+  std::vector<std::int32_t> values, offsets{0};
+  for (const auto& set : kept) {
+    values.insert(values.end(), set.begin(), set.end());
+    offsets.push_back(static_cast<std::int32_t>(values.size()));
+  }
+  const auto total = static_cast<std::int64_t>(values.size());
+  const auto rows = static_cast<std::int64_t>(offsets.size());
+  out.put_i32("kept", {total}, std::move(values));
+  out.put_i32("kept_offsets", {rows}, std::move(offsets));
+}
+
+const kc::registrar budget_dynamickv{
+    "budget.dynamickv", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& sc = c.in("scores");
+      const int L = dim(sc, 0), H = dim(sc, 1), M = dim(sc, 2);
+      const int n = param(c, "n"), w = param(c, "window");
+      if (M != std::max(n - w, 0)) throw kc::runner_error("scores: last dim != n - window");
+      kvsift::budget::dynamic_layer b{{.tokens = param(c, "budget"), .window = w,
+                                       .r_max = param(c, "r_max"),
+                                       .interval = param(c, "interval")}};
+      b.validate("budget.dynamickv");
+      const kvsift::select::topk sel{{.window = w}};
+      // kept[l * H + h]: original positions resident, as a store would hold them
+      std::vector<std::vector<std::int32_t>> kept(static_cast<std::size_t>(L) * H);
+      const int request = 0;
+      std::vector<kvsift::budget_revision> revisions;
+      for (int l = 0; l < L; ++l) {
+        kvsift::score_sets scores;  // one score per slot, window slots 0 (the scorer's layout)
+        std::vector<float> row(static_cast<std::size_t>(n), 0.0f);
+        for (int h = 0; h < H; ++h) {
+          std::copy_n(sc.f32.data() + (static_cast<std::size_t>(l) * H + h) * M, M, row.begin());
+          scores.push_back(row);
+        }
+        const std::vector<int> lengths(static_cast<std::size_t>(H), n);
+        std::vector<int> budgets;
+        b.budgets(kvsift::budget_context{l, L, H, lengths}, budgets);
+        kvsift::index_sets round_kept;
+        sel.select(scores, budgets, round_kept);
+        for (int h = 0; h < H; ++h) {
+          const auto seg = round_kept[h];
+          kept[static_cast<std::size_t>(l) * H + h].assign(seg.begin(), seg.end());
+        }
+        revisions.clear();
+        b.revise(kvsift::budget_round{l, L, H, kvsift::lifecycle_event::prefill_end,
+                                      {&request, 1}, &scores, &round_kept},
+                 revisions);
+        for (const auto& rv : revisions) {
+          for (int h = 0; h < H; ++h) {
+            auto& set = kept[static_cast<std::size_t>(rv.layer) * H + h];
+            std::vector<std::int32_t> next;
+            for (const auto slot : rv.kept[h]) next.push_back(set.at(static_cast<std::size_t>(slot)));
+            set = std::move(next);
+          }
+        }
+      }
+      put_common(out, L, b.past_budgets(0), b.history(0), kept);
+    }};
+
+const kc::registrar method_dynamickv_prefill{
+    "method.dynamickv.prefill", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("queries");
+      const auto& k = c.in("keys");
+      const int L = dim(k, 0), H = dim(k, 1), n = dim(k, 2), d = dim(k, 3);
+      const int hq = dim(q, 1), nq = dim(q, 2), w = param(c, "window");
+      store_t st(model_shape{L, hq, H, d}, 1, n);
+      auto p = kvsift::dynamickv_params<store_t>(param(c, "budget"), w, param(c, "kernel"),
+                                                 param(c, "r_max"), param(c, "interval"));
+      p.scorer.pool = kvsift::parse_pooling(c.param_s("pooling"));
+      p.scorer.gqa = kvsift::parse_gqa_reduce(c.param_s("gqa"));
+      kvsift::dynamickv<store_t> m(st, p);
+      const std::vector<float> zeros(static_cast<std::size_t>(H) * n * d, 0.0f);
+      // Queries [n, Hq, d] token-major: only the last nq (the window) are meaningful.
+      std::vector<float> qs(static_cast<std::size_t>(n) * hq * d, 0.0f);
+      std::vector<float> scores;
+      for (int l = 0; l < L; ++l) {
+        for (int h = 0; h < hq; ++h) {
+          for (int i = 0; i < nq; ++i) {
+            std::copy_n(q.f32.data() + ((static_cast<std::size_t>(l) * hq + h) * nq + i) * d, d,
+                        qs.data() + ((static_cast<std::size_t>(n - nq + i)) * hq + h) * d);
+          }
+        }
+        m.prefill(l, kvsift::prefill_chunk<float>{
+                         .request = 0,
+                         .keys = head_major(k.f32.data() + static_cast<std::size_t>(l) * H * n * d,
+                                            H, n, d),
+                         .values = head_major(zeros.data(), H, n, d),
+                         .queries = kv_view<const float, nhd>::contiguous(qs.data(), n, hq, d),
+                         .first_position = 0,
+                         .last = true});
+        const auto s = m.budgeter_state().scores(0, l);
+        scores.insert(scores.end(), s.begin(), s.end());
+      }
+      if (c.expected.count("scores") != 0) {
+        out.put_f32("scores", {L, H, std::max(n - w, 0)}, std::move(scores));
+      }
+      std::vector<std::vector<std::int32_t>> kept;
+      for (int l = 0; l < L; ++l) {
+        for (int h = 0; h < H; ++h) {
+          const auto seq = st.shape().sequence(0, l, h);
+          std::vector<std::int32_t> pos;
+          for (int i = 0; i < st.length(seq); ++i) pos.push_back(st.position(seq, i));
+          kept.push_back(std::move(pos));
+        }
+      }
+      const auto& b = m.budgeter_state();
+      put_common(out, L, b.past_budgets(0), b.history(0), kept);
+    }};
+
+}  // namespace
