@@ -6,6 +6,7 @@
 
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/budget/memory_fraction.hpp>
+#include <kvsift/budget/per_layer.hpp>
 #include <kvsift/budget/pyramid.hpp>
 #include <kvsift/budget/uniform.hpp>
 #include <kvsift/concepts.hpp>
@@ -17,6 +18,7 @@
 #include <kvsift/core/view.hpp>
 #include <kvsift/method/any_method.hpp>
 #include <kvsift/method/baselines.hpp>
+#include <kvsift/method/dynamickv.hpp>
 #include <kvsift/method/lagkv.hpp>
 #include <kvsift/method/method.hpp>
 #include <kvsift/score/cumulative_attention.hpp>
