@@ -85,21 +85,14 @@ void put_csr(kc::outputs& out, const std::string& name, const kvsift::index_sets
   out.put_i32(name + "_offsets", {static_cast<std::int64_t>(sets.offsets.size())}, sets.offsets);
 }
 
-// A store holding keys (and values; zeros when the case gives none) of one layer.
+// A store holding one layer's keys [H, n, d] (values zero: the kind reads only keys).
 store_t make_store(const kc::tensor& keys, int q_heads, int capacity, int layers = 1,
-                   int layer = 0, const kc::tensor* values = nullptr, int tokens = -1) {
+                   int layer = 0) {
   const int h = dim(keys, 0), n = dim(keys, 1), d = dim(keys, 2);
   store_t st(model_shape{layers, q_heads, h, d}, 1, std::max(capacity, 1));
-  const int count = tokens < 0 ? n : tokens;
-  if (count > 0) {
-    std::vector<float> zeros;
-    const float* v = values != nullptr ? values->f32.data() : nullptr;
-    if (v == nullptr) {
-      zeros.assign(keys.f32.size(), 0.0f);
-      v = zeros.data();
-    }
-    st.append(0, layer, head_major(keys.f32.data(), h, n, d).slice(0, count),
-              head_major(v, h, n, d).slice(0, count), 0);
+  if (n > 0) {
+    const std::vector<float> zeros(keys.f32.size(), 0.0f);
+    st.append(0, layer, head_major(keys.f32.data(), h, n, d), head_major(zeros.data(), h, n, d), 0);
   }
   return st;
 }
@@ -386,9 +379,19 @@ const kc::registrar method_quest_select{
       kvsift::require(gqa == "max", "method.quest.select", "gqa", gqa, "\"max\" or \"per_query_head\"");
       // The selection of a decode step whose token is the case's last key: the method prefills
       // the first n - 1 tokens (no queries: Quest scores nothing at prefill), then decodes.
-      store_t st = make_store(k, hq, n, layer + 1, layer, nullptr, n - 1);
+      store_t st(model_shape{layer + 1, hq, h, d}, 1, n);
       kvsift::quest<store_t> m(st, kvsift::quest_params<store_t>(B, ps, dense));
-      const std::vector<float> zeros(static_cast<std::size_t>(h) * d, 0.0f);
+      const std::vector<float> zeros(static_cast<std::size_t>(h) * n * d, 0.0f);
+      if (n > 1) {
+        const auto head = kv_of(k).slice(0, n - 1);
+        m.prefill(layer, kvsift::prefill_chunk<float>{
+                             .request = 0,
+                             .keys = head,
+                             .values = head_major(zeros.data(), h, n, d).slice(0, n - 1),
+                             .queries = {},
+                             .first_position = 0,
+                             .last = true});
+      }
       std::vector<float> last_key(static_cast<std::size_t>(h) * d);
       for (int hh = 0; hh < h; ++hh) {
         std::copy_n(k.f32.data() + (static_cast<std::size_t>(hh) * n + n - 1) * d, d,
