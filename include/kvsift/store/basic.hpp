@@ -82,6 +82,17 @@ class basic_store {
                   std::to_string(length_[seq]) + " resident of capacity " +
                   std::to_string(self().capacity(seq)));
     }
+    if constexpr (requires(const Derived& d) { d.pages_to_grow(std::int64_t{}, 0); }) {
+      // a shared pool must hold the new pages of every KV head together, not just each alone
+      int need = 0;
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto seq = shape_.sequence(request, layer, h);
+        need += self().pages_to_grow(seq, length_[seq] + k.tokens);
+      }
+      require(need <= self().free_pages(), where, "k.tokens", k.tokens,
+              "room in the page pool: " + std::to_string(need) + " pages needed for all KV heads, " +
+                  std::to_string(self().free_pages()) + " free");
+    }
     const std::size_t row_bytes = static_cast<std::size_t>(shape_.head_dim) * sizeof(T);
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto seq = shape_.sequence(request, layer, h);

@@ -3,6 +3,7 @@
 
 #include <kvsift/store/basic.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,9 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
     return const_cast<std::int32_t*>(positions_.data()) + flat(seq, slot);
   }
   [[nodiscard]] static int pages_for(int n, int ps) { return (n + ps - 1) / ps; }
+  [[nodiscard]] int pages_to_grow(std::int64_t seq, int new_length) const {
+    return std::max(0, pages_for(new_length, page_size_) - static_cast<int>(pages_[seq].size()));
+  }
   [[nodiscard]] bool can_grow(std::int64_t seq, int new_length) const {
     return pages_for(new_length, page_size_) - static_cast<int>(pages_[seq].size()) <= free_pages();
   }
