@@ -218,6 +218,10 @@ class method {
     constexpr std::string_view where = "method.prefill";
     const auto& sh = store_->shape();
     check_layer(where, layer);
+    // several chunks of one request (and, for a paged pool, of all requests) must fit together
+    std::vector<int> pending(static_cast<std::size_t>(store_->requests()), 0);
+    std::vector<std::int32_t> pending_next(static_cast<std::size_t>(store_->requests()), -1);
+    int pool_pages = 0;
     for (const auto& c : chunks) {
       check_request(where, c.request);
       c.keys.validate(where, "keys", sh.kv_heads, sh.head_dim);
@@ -248,12 +252,25 @@ class method {
         }
       }
       const int room = store_->capacity(sh.sequence(c.request, layer, 0)) -
-                       store_->length(sh.sequence(c.request, layer, 0));
+                       store_->length(sh.sequence(c.request, layer, 0)) - pending[c.request];
       require(c.keys.tokens <= room, where, "keys.tokens", c.keys.tokens,
               "<= the room left in the store (" + std::to_string(room) + ")");
-      const auto next = store_->next_position(c.request, layer);
+      if constexpr (requires { store_->free_pages(); store_->page_size(); }) {
+        const int ps = store_->page_size();
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          const int have = store_->length(sh.sequence(c.request, layer, h)) + pending[c.request];
+          pool_pages += (have + c.keys.tokens + ps - 1) / ps - (have + ps - 1) / ps;
+        }
+        require(pool_pages <= store_->free_pages(), where, "keys.tokens", c.keys.tokens,
+                "room in the page pool for the whole batch (" + std::to_string(pool_pages) +
+                    " pages needed, " + std::to_string(store_->free_pages()) + " free)");
+      }
+      const auto next = pending_next[c.request] >= 0 ? pending_next[c.request]
+                                                     : store_->next_position(c.request, layer);
       require(c.first_position >= next, where, "first_position", c.first_position,
               ">= " + std::to_string(next));
+      pending[c.request] += c.keys.tokens;
+      pending_next[c.request] = c.first_position + c.keys.tokens;
     }
     check_budgets_after_prefill(layer, chunks);
     std::vector<int> ended, between;
