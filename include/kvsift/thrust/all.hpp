@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Every algorithm of the Thrust backend. Compiles with g++ (define THRUST_DEVICE_SYSTEM to
+// THRUST_DEVICE_SYSTEM_CPP or _OMP) and with nvcc; never pulled in by kvsift.hpp.
+
+#include <kvsift/thrust/common.hpp>
+#include <kvsift/thrust/gather.hpp>
+#include <kvsift/thrust/lag.hpp>
+#include <kvsift/thrust/math.hpp>
+#include <kvsift/thrust/page_minmax.hpp>
+#include <kvsift/thrust/segmented_topk.hpp>
+#include <kvsift/thrust/window_attention.hpp>

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Deterministic segmented top-k with Thrust. Mirrors cpu/segmented_topk.hpp and
+// cuda/segmented_topk.cuh.
+//
+// Semantics (METHODS.md, general conventions): in segment s keep k_s = kept_offsets[s + 1] -
+// kept_offsets[s] tokens: the protected ones (the first `sink` and the last window[s], see
+// topk_protection) and then the highest scores; ties go to the lower index; the kept indices
+// are written ascending. NaN ranks below every number; -0.0 == +0.0.
+//
+// Algorithm: one 64-bit key per score, (segment << 33) | (unprotected << 32) | descending score
+// bits, so the key order is (segment, protected first, -score); a stable sort by key of the flat
+// indices (stable: equal keys keep index order, i.e. ties to the lower index); the first k_s of
+// each segment's range are copied out; one plain sort of those flat indices orders them within
+// their segment (flat indices of segment s lie in [offsets[s], offsets[s + 1])), and subtracting
+// offsets[s] makes them local. Cost: a sort of n and of sum(k) keys; workspace 12 bytes per score.
+//
+// Two-phase use:
+//   std::size_t bytes = kvsift::thrust::segmented_topk_workspace_bytes(num_items);
+//   ... allocate `bytes` where the policy's system can reach ...
+//   kvsift::thrust::kept_offsets(exec, offsets, budgets, num_segments, kept_offsets);
+//   kvsift::thrust::segmented_topk(exec, scores, offsets, num_segments, num_items,
+//                                  kept_offsets, num_kept, out, ws, bytes);
+
+#include <kvsift/thrust/common.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvsift::thrust {
+
+// Tokens kept regardless of their score. They count towards k_s.
+struct topk_protection {
+  int sink = 0;                          // the first `sink` tokens of every segment
+  const std::int32_t* window = nullptr;  // [num_segments] the last window[s] tokens; null = none
+};
+
+namespace detail {
+
+struct topk_key_fn {
+  const float* scores;
+  const std::int32_t* offsets;
+  int num_segments;
+  topk_protection protect;
+  std::uint64_t* keys;
+  std::int32_t* items;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const int s = segment_of(offsets, num_segments, e);
+    const int j = static_cast<int>(e - offsets[s]);
+    const int n = offsets[s + 1] - offsets[s];
+    const int w = protect.window == nullptr ? 0 : protect.window[s];
+    const bool kept_anyway = j < protect.sink || j >= n - w;
+    keys[e] = (static_cast<std::uint64_t>(s) << 33) |
+              (static_cast<std::uint64_t>(kept_anyway ? 0u : 1u) << 32) |
+              static_cast<std::uint64_t>(descending_key(scores[e]));
+    items[e] = static_cast<std::int32_t>(e);
+  }
+};
+
+struct take_first_fn {
+  const std::int32_t* sorted_items;
+  const std::int32_t* offsets;
+  const std::int32_t* kept_offsets;
+  int num_segments;
+  std::int32_t* out;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const int s = segment_of(kept_offsets, num_segments, t);
+    out[t] = sorted_items[offsets[s] + (t - kept_offsets[s])];
+  }
+};
+
+struct localize_fn {
+  const std::int32_t* offsets;
+  const std::int32_t* kept_offsets;
+  int num_segments;
+  std::int32_t* out;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const int s = segment_of(kept_offsets, num_segments, t);
+    out[t] -= offsets[s];
+  }
+};
+
+struct kept_count_fn {
+  const std::int32_t* offsets;
+  const std::int32_t* budgets;
+  KVSIFT_HOST_DEVICE std::int32_t operator()(int s) const {
+    const std::int32_t n = offsets[s + 1] - offsets[s];
+    return budgets[s] < n ? budgets[s] : n;
+  }
+};
+
+inline detail::carver topk_layout(std::byte* ws, std::int64_t num_items, std::uint64_t** keys,
+                                  std::int32_t** items) {
+  detail::carver c{ws};
+  *keys = c.take<std::uint64_t>(static_cast<std::size_t>(num_items));
+  *items = c.take<std::int32_t>(static_cast<std::size_t>(num_items));
+  return c;
+}
+
+}  // namespace detail
+
+// Bytes of caller workspace segmented_topk needs for `num_items` scores in all.
+inline std::size_t segmented_topk_workspace_bytes(std::int64_t num_items) {
+  std::uint64_t* k = nullptr;
+  std::int32_t* i = nullptr;
+  return detail::topk_layout(nullptr, num_items, &k, &i).bytes;
+}
+
+// kept_offsets[0] = 0, kept_offsets[s + 1] = kept_offsets[s] + min(budgets[s], n_s): the CSR
+// offsets of a top-k output. budgets must be >= 0.
+template <class Policy>
+void kept_offsets(const Policy& exec, const std::int32_t* offsets, const std::int32_t* budgets,
+                  int num_segments, std::int32_t* out_offsets) {
+  require(num_segments >= 0, "thrust::kept_offsets", "num_segments", num_segments, ">= 0");
+  ::thrust::fill_n(exec, out_offsets, 1, 0);
+  auto counts = ::thrust::make_transform_iterator(::thrust::counting_iterator<int>(0),
+                                                  detail::kept_count_fn{offsets, budgets});
+  ::thrust::inclusive_scan(exec, counts, counts + num_segments, out_offsets + 1);
+}
+
+// Segmented top-k (see the file comment).
+//   scores        [num_items] CSR by `offsets` ([num_segments + 1], offsets[S] = num_items)
+//   kept_offsets  [num_segments + 1] output CSR; k_s = kept_offsets[s + 1] - kept_offsets[s] must
+//                 be <= n_s and >= sink + window[s] when k_s < n_s; num_kept = kept_offsets[S]
+//   out           [num_kept] kept local indices, ascending per segment
+//   workspace     >= segmented_topk_workspace_bytes(num_items) bytes
+template <class Policy>
+void segmented_topk(const Policy& exec, const float* scores, const std::int32_t* offsets,
+                    int num_segments, std::int64_t num_items, const std::int32_t* kept_offsets,
+                    std::int64_t num_kept, std::int32_t* out, void* workspace,
+                    std::size_t workspace_bytes, topk_protection protect = {}) {
+  constexpr std::string_view where = "thrust::segmented_topk";
+  require(num_segments >= 0, where, "num_segments", num_segments, ">= 0");
+  require(num_items >= 0 && num_items <= 0x7fffffff, where, "num_items", num_items,
+          "in [0, 2^31) (int32 token indices)");
+  require(num_kept >= 0 && num_kept <= num_items, where, "num_kept", num_kept,
+          "in [0, num_items = " + std::to_string(num_items) + "]");
+  require(protect.sink >= 0, where, "protect.sink", protect.sink, ">= 0");
+  std::uint64_t* keys = nullptr;
+  std::int32_t* items = nullptr;
+  const std::size_t need =
+      detail::topk_layout(static_cast<std::byte*>(workspace), num_items, &keys, &items).bytes;
+  detail::check_workspace(where, workspace, workspace_bytes, need);
+  if (num_items == 0 || num_segments == 0) {
+    return;
+  }
+  const ::thrust::counting_iterator<std::int64_t> zero(0);
+  ::thrust::for_each_n(exec, zero, num_items,
+                       detail::topk_key_fn{scores, offsets, num_segments, protect, keys, items});
+  ::thrust::stable_sort_by_key(exec, keys, keys + num_items, items);
+  ::thrust::for_each_n(exec, zero, num_kept,
+                       detail::take_first_fn{items, offsets, kept_offsets, num_segments, out});
+  ::thrust::sort(exec, out, out + num_kept);
+  ::thrust::for_each_n(exec, zero, num_kept,
+                       detail::localize_fn{offsets, kept_offsets, num_segments, out});
+}
+
+}  // namespace kvsift::thrust
