@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: Apache-2.0
+// Concept tests: every model in the headers models its concept (opt-in by name, then structure),
+// and look-alikes without the tag, or with the wrong role or granularity, do not.
+
+#include <kvsift/kvsift.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace {
+
+// Has every member a Scorer needs, but never opted in.
+struct untagged_scorer {
+  using granularity = kvsift::token_level;
+  static constexpr bool needs_queries = false;
+  struct params {};
+  params p{};
+  [[nodiscard]] int query_window() const { return 0; }
+};
+// Same, opted in: now it is a Scorer.
+struct tagged_scorer : untagged_scorer {
+  using kvsift_role = kvsift::scorer_tag;
+};
+// Opted in under the wrong role.
+struct mislabelled_scorer : untagged_scorer {
+  using kvsift_role = kvsift::selector_tag;
+};
+// Opted in, but its granularity is neither token_level nor page_level.
+struct odd_granularity_scorer {
+  using kvsift_role = kvsift::scorer_tag;
+  using granularity = int;
+  struct params {};
+};
+// A selector-shaped type without the tag.
+struct untagged_selector {
+  using granularity = kvsift::token_level;
+  struct params {};
+  void select(const kvsift::score_sets&, std::span<const int>, kvsift::index_sets&) const {}
+};
+struct tagged_selector : untagged_selector {
+  using kvsift_role = kvsift::selector_tag;
+};
+// A store look-alike without the tag.
+struct untagged_store {
+  using element_type = float;
+  using memory_space = kvsift::host_space;
+  kvsift::model_shape shape() const { return {}; }
+  int length(std::int64_t) const { return 0; }
+  std::int32_t position(std::int64_t, int) const { return 0; }
+  const float* key(std::int64_t, int) const { return nullptr; }
+  const float* value(std::int64_t, int) const { return nullptr; }
+  std::int64_t resident_bytes() const { return 0; }
+  void retain(int, int, const kvsift::index_sets&) {}
+};
+struct tagged_store : untagged_store {
+  using kvsift_role = kvsift::store_tag;
+};
+struct tagged_store_bad_element : tagged_store {
+  using element_type = double;
+};
+struct untagged_budgeter {
+  struct params {};
+  void budgets(const kvsift::budget_context&, std::vector<int>&) const {}
+};
+struct untagged_trigger {
+  struct params {};
+  bool fires(const kvsift::trigger_context&) const { return true; }
+};
+struct untagged_transfer {
+  std::int64_t bytes_moved() const { return 0; }
+  void wait() {}
+};
+
+}  // namespace
+
+TEST_CASE("every model in the headers models its concept", "[concepts]") {
+  using namespace kvsift;
+  STATIC_REQUIRE(KvStore<store::dense<float>>);
+  STATIC_REQUIRE(KvStore<store::dense<half>>);
+  STATIC_REQUIRE(KvStore<store::dense<bfloat16>>);
+  STATIC_REQUIRE(KvStore<store::dense<float, pinned_host_space>>);
+  STATIC_REQUIRE(KvStore<store::paged<float>>);
+  STATIC_REQUIRE(KvStore<store::paged<half>>);
+  STATIC_REQUIRE(KvStore<store::paged<bfloat16>>);
+  STATIC_REQUIRE(Scorer<score::recency>);
+  STATIC_REQUIRE(Scorer<score::key_norm>);
+  STATIC_REQUIRE(Scorer<score::window_attention>);
+  STATIC_REQUIRE(Scorer<score::cumulative_attention>);
+  STATIC_REQUIRE(Scorer<score::last_query_attention>);
+  STATIC_REQUIRE(Scorer<score::page_minmax>);
+  STATIC_REQUIRE(Selector<select::topk>);
+  STATIC_REQUIRE(Selector<select::page_topk>);
+  STATIC_REQUIRE(Budgeter<budget::uniform>);
+  STATIC_REQUIRE(Budgeter<budget::pyramid>);
+  STATIC_REQUIRE(Budgeter<budget::memory_fraction>);
+  STATIC_REQUIRE(Transfer<transfer::none>);
+  STATIC_REQUIRE(Transfer<transfer::sync_copy>);
+  STATIC_REQUIRE(Trigger<trigger::never>);
+  STATIC_REQUIRE(Trigger<trigger::every_step>);
+  STATIC_REQUIRE(Trigger<trigger::stride>);
+  STATIC_REQUIRE(SameGranularity<score::window_attention, select::topk>);
+  STATIC_REQUIRE(SameGranularity<score::page_minmax, select::page_topk>);
+  STATIC_REQUIRE(Element<float> && Element<half> && Element<bfloat16>);
+  STATIC_REQUIRE(HostAccessible<host_space> && HostAccessible<pinned_host_space>);
+  // the baselines are compositions of those models, with their parts re-exported
+  using sk = snapkv<store::dense<half>>;
+  STATIC_REQUIRE(std::is_same_v<sk::scorer, score::window_attention>);
+  STATIC_REQUIRE(std::is_same_v<sk::selector, select::topk>);
+  STATIC_REQUIRE(std::is_same_v<sk::budgeter, budget::uniform>);
+  STATIC_REQUIRE(std::is_same_v<sk::element_type, half>);
+  STATIC_REQUIRE(sk::caps.changes_physical_length);
+  STATIC_REQUIRE(sk::caps.needs_queries);
+  using qu = quest<store::paged<float>>;
+  STATIC_REQUIRE(qu::page_level_selection);
+  STATIC_REQUIRE_FALSE(qu::caps.changes_physical_length);
+  STATIC_REQUIRE_FALSE(streaming_llm<store::dense<float>>::caps.needs_queries);
+  STATIC_REQUIRE(std::is_same_v<h2o<store::dense<float>>::scorer, score::cumulative_attention>);
+  STATIC_REQUIRE(std::is_same_v<pyramidkv<store::dense<float>>::budgeter, budget::pyramid>);
+  STATIC_REQUIRE(std::is_same_v<full_kv<store::dense<float>>::trigger, trigger::never>);
+}
+
+TEST_CASE("look-alikes without the opt-in tag, or with the wrong role, do not model", "[concepts]") {
+  using namespace kvsift;
+  // the positive control: the same members with the tag model the concept
+  STATIC_REQUIRE(Scorer<tagged_scorer>);
+  STATIC_REQUIRE(Selector<tagged_selector>);
+  STATIC_REQUIRE(KvStore<tagged_store>);
+  // no tag: no model, whatever the members
+  STATIC_REQUIRE_FALSE(Scorer<untagged_scorer>);
+  STATIC_REQUIRE_FALSE(Selector<untagged_selector>);
+  STATIC_REQUIRE_FALSE(KvStore<untagged_store>);
+  STATIC_REQUIRE_FALSE(Budgeter<untagged_budgeter>);
+  STATIC_REQUIRE_FALSE(Trigger<untagged_trigger>);
+  STATIC_REQUIRE_FALSE(Transfer<untagged_transfer>);
+  // wrong role or malformed parts
+  STATIC_REQUIRE_FALSE(Scorer<mislabelled_scorer>);
+  STATIC_REQUIRE_FALSE(Scorer<odd_granularity_scorer>);
+  STATIC_REQUIRE_FALSE(KvStore<tagged_store_bad_element>);
+  // roles do not cross
+  STATIC_REQUIRE_FALSE(Selector<score::window_attention>);
+  STATIC_REQUIRE_FALSE(Selector<score::page_minmax>);
+  STATIC_REQUIRE_FALSE(Scorer<select::topk>);
+  STATIC_REQUIRE_FALSE(Budgeter<select::topk>);
+  STATIC_REQUIRE_FALSE(Trigger<budget::uniform>);
+  STATIC_REQUIRE_FALSE(KvStore<score::recency>);
+  STATIC_REQUIRE_FALSE(Transfer<trigger::never>);
+  // granularity must agree
+  STATIC_REQUIRE_FALSE(SameGranularity<score::page_minmax, select::topk>);
+  STATIC_REQUIRE_FALSE(SameGranularity<score::window_attention, select::page_topk>);
+  STATIC_REQUIRE_FALSE(SameGranularity<select::topk, select::topk>);
+  // element types and memory spaces
+  STATIC_REQUIRE_FALSE(Element<double>);
+  STATIC_REQUIRE_FALSE(Element<std::uint16_t>);
+  STATIC_REQUIRE_FALSE(HostAccessible<device_space>);
+  STATIC_REQUIRE_FALSE(MemorySpace<int>);
+}
