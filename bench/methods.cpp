@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per named method: prefill compression of one layer, and one decode step (decode + attend +
+// after_attention) of one layer, on a paged store (page 16) holding a full model's shape (so
+// per-layer budgets such as PyramidKV's and Quest's dense layers behave as in a real model), of
+// which the benchmarked layer (layers / 2) is the only one filled.
+//
+//   prefill  bytes = the layer's prompt KV (keys and values, n tokens) read once
+//   decode   bytes = the KV resident in the layer after the step's append, read once: the goal
+//            is a step within 1.5x of that read at the reference bandwidth (bw_fraction >= 0.67)
+
+#include "common.hpp"
+#include "method_specs.hpp"
+
+#include <algorithm>
+#include <optional>
+
+namespace kvbench {
+namespace {
+
+using kvsift::kv_view;
+using kvsift::nhd;
+
+constexpr int page = 16;
+constexpr int prefill_chunk_tokens = 4096;
+constexpr int headroom = 2048;  // decode steps before the fixture is rebuilt
+
+template <class Spec, class T>
+struct method_fixture {
+  using store_t = kvsift::store::paged<T>;
+  using method_t = typename Spec::template type<store_t>;
+  const model& m;
+  int n, budget, r, layer;
+  store_t store;
+  std::optional<method_t> meth;
+  // one prefill chunk of random KV and queries, reused for every chunk of the prompt
+  std::vector<T> ck, cv;
+  std::vector<float> cq;
+  // the decode tokens of a step
+  std::vector<T> dk, dv;
+  std::vector<float> dq, out;
+  std::vector<kvsift::decode_token<T>> tokens;
+
+  method_fixture(const model& mm, int nn, int b, int rr, int extra)
+      : m(mm), n(nn), budget(b), r(rr), layer(mm.layers / 2),
+        store(mm.shape(), rr, page, rr * mm.kv_heads * ((nn + extra + page - 1) / page + 1)) {
+    const int c = std::min(n, prefill_chunk_tokens);
+    ck = random_vector<T>(static_cast<std::size_t>(c) * m.kv_heads * m.head_dim, 21);
+    cv = random_vector<T>(ck.size(), 22);
+    if (method_t::caps.needs_queries) cq = random_vector<float>(static_cast<std::size_t>(c) * m.q_heads * m.head_dim, 23);
+    dk = random_vector<T>(static_cast<std::size_t>(r) * m.kv_heads * m.head_dim, 24);
+    dv = random_vector<T>(dk.size(), 25);
+    dq = random_vector<float>(static_cast<std::size_t>(r) * m.q_heads * m.head_dim, 26);
+    out.resize(dq.size());
+    for (int q = 0; q < r; ++q) {
+      tokens.push_back({q, dq.data() + static_cast<std::size_t>(q) * m.q_heads * m.head_dim,
+                        dk.data() + static_cast<std::size_t>(q) * m.kv_heads * m.head_dim,
+                        dv.data() + static_cast<std::size_t>(q) * m.kv_heads * m.head_dim});
+    }
+  }
+
+  // Empties the store and builds a fresh method (not timed).
+  void reset() {
+    meth.reset();
+    for (int q = 0; q < r; ++q) store.reset(q);
+    meth.emplace(store, Spec::template params<store_t>(budget));
+  }
+
+  // The layer's prompt, in chunks of up to 4096 tokens, every request of the batch per call.
+  // Queries as an engine keeps them: every prompt query when the scorer reads them all (H2O),
+  // else only the newest query_window() on the last chunk (none when the scorer needs none).
+  void prefill() {
+    const int c = std::min(n, prefill_chunk_tokens);
+    const int qw = method_t::caps.needs_queries ? meth->scorer_state().query_window() : 0;
+    std::vector<kvsift::prefill_chunk<T>> chunks(static_cast<std::size_t>(r));
+    for (int t = 0; t < n; t += c) {
+      const int len = std::min(c, n - t);
+      const bool last = t + len >= n;
+      const int nq = qw < 0 ? len : last ? std::min(len, qw) : 0;
+      for (int q = 0; q < r; ++q) {
+        chunks[q] = {q, kv_view<const T, nhd>::contiguous(ck.data(), len, m.kv_heads, m.head_dim),
+                     kv_view<const T, nhd>::contiguous(cv.data(), len, m.kv_heads, m.head_dim),
+                     kv_view<const float, nhd>::contiguous(cq.empty() ? nullptr : cq.data(), nq,
+                                                           m.q_heads, m.head_dim),
+                     t, last};
+      }
+      meth->prefill(layer, chunks);
+    }
+  }
+
+  [[nodiscard]] bool room_for_step() const {
+    for (int q = 0; q < r; ++q) {
+      const auto seq = store.shape().sequence(q, layer, 0);
+      if (store.length(seq) + 1 > store.capacity(seq) - page) return false;
+    }
+    return true;
+  }
+  [[nodiscard]] double resident_kv_bytes() const {
+    return static_cast<double>(store.resident_tokens()) * 2.0 * m.head_dim * sizeof(T);
+  }
+};
+
+// Prefill and decode of one configuration share a fixture: the prefill benchmark leaves a freshly
+// prefilled method behind, which the decode benchmark (registered right after it) steps on.
+template <class Spec, class T>
+std::string fixture_key(const model& m, int n, int b, int r) {
+  return std::string("method/") + Spec::name + "/" + m.name + "/" + std::string(kvsift::element_name<T>) +
+         "/" + std::to_string(n) + "/" + std::to_string(b) + "/" + std::to_string(r);
+}
+
+template <class Spec, class T>
+void bm_prefill(benchmark::State& st, const model& m, int n, int b, int r) {
+  using F = method_fixture<Spec, T>;
+  auto& fx = cached<F>(fixture_key<Spec, T>(m, n, b, r),
+                       [&] { return std::make_shared<F>(m, n, b, r, headroom); });
+  for (auto _ : st) {
+    st.PauseTiming();
+    fx.reset();
+    st.ResumeTiming();
+    fx.prefill();
+  }
+  st.counters["resident_after"] = fx.resident_kv_bytes();
+  report(st, static_cast<double>(n) * r * m.kv_heads * 2.0 * m.head_dim * sizeof(T),
+         static_cast<double>(n) * r);
+}
+
+template <class Spec, class T>
+void bm_decode(benchmark::State& st, const model& m, int n, int b, int r) {
+  using F = method_fixture<Spec, T>;
+  auto& fx = cached<F>(fixture_key<Spec, T>(m, n, b, r),
+                       [&] { return std::make_shared<F>(m, n, b, r, headroom); });
+  if (!fx.meth) {
+    fx.reset();
+    fx.prefill();
+  }
+  const std::span<const kvsift::decode_token<T>> tokens(fx.tokens);
+  double bytes = 0.0;
+  for (auto _ : st) {
+    if (!fx.room_for_step()) {
+      st.PauseTiming();
+      fx.reset();
+      fx.prefill();
+      st.ResumeTiming();
+    }
+    const auto& plan = fx.meth->decode(fx.layer, tokens);
+    benchmark::DoNotOptimize(plan.slots.values.data());
+    fx.meth->attend(fx.layer, tokens, fx.out.data());
+    benchmark::DoNotOptimize(fx.out.data());
+    fx.meth->after_attention(fx.layer, tokens);
+    bytes += fx.resident_kv_bytes();  // read after the step: the kept set plus the new token
+  }
+  const double iters = std::max<double>(1.0, static_cast<double>(st.iterations()));
+  st.counters["resident_bytes"] = bytes / iters;
+  report(st, bytes / iters, static_cast<double>(r));
+}
+
+template <class Spec>
+void register_method(const model& m, int n, int b, int r) {
+  using kvsift::bfloat16;
+  const auto* mp = &m;
+  const int bb = Spec::budgeted ? b : 0;
+  const auto both = [&]<class T>(const char* dt) {
+    if (n <= Spec::max_prefill_n) {
+      add(name_of("prefill", Spec::name, m, dt, n, bb, r),
+          [=](benchmark::State& st) { bm_prefill<Spec, T>(st, *mp, n, b, r); });
+    }
+    if (n <= Spec::max_decode_n) {
+      add(name_of("decode", Spec::name, m, dt, n, bb, r),
+          [=](benchmark::State& st) { bm_decode<Spec, T>(st, *mp, n, b, r); });
+    }
+  };
+  both.template operator()<float>("f32");
+  both.template operator()<bfloat16>("bf16");
+}
+
+template <class... Specs>
+void register_all(const model& m, int n, int b, int r) {
+  (register_method<Specs>(m, n, b, r), ...);
+}
+
+}  // namespace
+
+void register_methods() {
+  const std::vector<int> budgets{1024, 4096};
+  for (const model* m : models()) {
+    for (const int r : {1, 4}) {
+      for (const int n : contexts()) {
+        if (r > 1 && n > 32768) continue;
+        for (const int b : budgets) {
+          if (b >= n) continue;
+          if (b == budgets.front()) {
+            register_all<KVBENCH_BUDGET_FREE_SPECS>(*m, n, b, r);  // once per context
+          }
+          register_all<KVBENCH_BUDGETED_SPECS>(*m, n, b, r);
+        }
+      }
+      // H2O's prefill is O(n^2 d): its own, shorter contexts
+      for (const int n : {1024, 2048}) {
+        register_method<spec_h2o>(*m, n, 256, r);
+      }
+    }
+  }
+}
+
+}  // namespace kvbench

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds kvsift_bench (Release) and runs it; writes bench.json (Google Benchmark JSON) and
+# summary.md (Markdown tables made from the JSON by bench/summarize.py) into --out.
+#
+#   scripts/bench.sh [--quick] [--out DIR] [--build DIR] [--min-time SECONDS] [-- extra benchmark args]
+#
+#   --quick      the quick subset (under 3 minutes on 2 idle cores): one Llama-3.1-8B layer, 4K and
+#                32K tokens, f32 and bf16, budget 1024, 1 request, plus a few batch (4 requests) and
+#                head_dim 64 (Llama-3.2-1B) points; H2O (O(n^2) prefill) at 1K and 4K (bf16).
+#   --out DIR    output directory (default build/bench-results)
+#   --build DIR  build directory (default: build/release, reused if present)
+# Without --quick the full sweep runs (4K..128K, both models, budgets 1024/4096, 1 and 4
+# requests): hours on 2 cores.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+quick=0
+out="${root}/build/bench-results"
+build="${root}/build/release"
+min_time=""
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --out) out="$2"; shift ;;
+    --build) build="$2"; shift ;;
+    --min-time) min_time="$2"; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '3,16p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+py=/usr/bin/python3  # Debian's interpreter (stdlib only), not the python3 first on PATH
+jobs="${KVSIFT_JOBS:-2}"
+
+# Configure once (or reuse a configured tree) with benchmarks on, in Release.
+if [[ ! -f "${build}/CMakeCache.txt" ]]; then
+  cmake -S "${root}" -B "${build}" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_BUILD_BENCHMARKS=ON
+else
+  cmake -S "${root}" -B "${build}" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_BUILD_BENCHMARKS=ON >/dev/null
+fi
+cmake --build "${build}" --target kvsift_bench -j "${jobs}"
+bin="${build}/bench/kvsift_bench"
+
+args=()
+if [[ ${quick} -eq 1 ]]; then
+  m='llama31_8b/[a-z0-9]+'
+  parts=(
+    '^BM_bandwidth_reference'
+    "^BM_(score/(window_attention|last_query_attention|key_norm|recency|page_minmax|lag)|attention/attend_plan|select/[a-z_]+|budget/[a-z_]+|transfer/[a-z_]+|store/(dense|paged)_(append|retain_roll|gather))/${m}/n(4096|32768)/(B[0-9]+/)?r1/"
+    "^BM_store/(dense|paged)_retain_compress/${m}/n4096/B1024/r1/"
+    "^BM_score/cumulative_attention/${m}/n1024/r1/"
+    "^BM_(prefill|decode)/(full_kv|lagkv|streaming_llm|snapkv|pyramidkv|quest|dynamickv)/${m}/n(4096|32768)/(B1024/)?r1/"
+    '^BM_(prefill|decode)/h2o/llama31_8b/(f32|bf16)/n1024/B256/r1/'
+    '^BM_(prefill|decode)/h2o/llama31_8b/bf16/n4096/B1024/r1/'
+    '^BM_(score/(key_norm|page_minmax|lag)|attention/attend_plan|decode/(full_kv|streaming_llm|snapkv|quest|lagkv))/llama31_8b/bf16/n4096/(B1024/)?r4/'
+    '^BM_(score/key_norm|decode/(full_kv|quest))/llama32_1b/bf16/n32768/(B1024/)?r1/'
+  )
+  filter="$(IFS='|'; echo "${parts[*]}")"
+  args+=("--benchmark_filter=${filter}")
+  min_time="${min_time:-0.05}"
+fi
+[[ -n "${min_time}" ]] && args+=("--benchmark_min_time=${min_time}")  # plain seconds (1.7.1)
+
+mkdir -p "${out}"
+start=$(date +%s)
+"${bin}" "${args[@]}" --benchmark_out="${out}/bench.json" --benchmark_out_format=json \
+  --benchmark_counters_tabular=false "${extra[@]}"
+echo "bench.sh: benchmarks took $(( $(date +%s) - start )) s"
+"${py}" "${root}/bench/summarize.py" "${out}/bench.json" > "${out}/summary.md"
+echo "bench.sh: wrote ${out}/bench.json and ${out}/summary.md"
