@@ -218,110 +218,6 @@ class kv_cache {
   [[nodiscard]] virtual std::int64_t kept_tokens(int layer, int kv_head) const = 0;
 };
 
-// Decode attention for one token: out[h] = softmax(q[h] . K_g / sqrt(d)) V_g over the tokens of
-// heads[g], g = h / (q_heads / kv_heads). q, out [q_heads, d]; heads [kv_heads].
-inline void attend_decode(std::span<const float> q, int q_heads, int d,
-                          std::span<const kv_head_view> heads, std::span<float> out) {
-  const int kv_heads = static_cast<int>(heads.size());
-  const int group = q_heads / kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> scores;
-  for (int h = 0; h < q_heads; ++h) {
-    const kv_head_view& kv = heads[static_cast<std::size_t>(h / group)];
-    const float* qh = q.data() + static_cast<std::size_t>(h) * d;
-    float* oh = out.data() + static_cast<std::size_t>(h) * d;
-    scores.resize(static_cast<std::size_t>(kv.n));
-    float mx = -INFINITY;
-    for (int t = 0; t < kv.n; ++t) {
-      const std::int64_t row = kv.index ? kv.index[t] : t;
-      const float* kr = kv.keys + row * kv.stride;
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int c = 0; c < d; ++c) {
-        s += qh[c] * kr[c];
-      }
-      s *= scale;
-      scores[static_cast<std::size_t>(t)] = s;
-      mx = std::max(mx, s);
-    }
-    float sum = 0.0f;
-    for (int t = 0; t < kv.n; ++t) {
-      const float e = std::exp(scores[static_cast<std::size_t>(t)] - mx);
-      scores[static_cast<std::size_t>(t)] = e;
-      sum += e;
-    }
-    std::fill(oh, oh + d, 0.0f);
-    for (int t = 0; t < kv.n; ++t) {
-      const std::int64_t row = kv.index ? kv.index[t] : t;
-      const float* vr = kv.values + row * kv.stride;
-      const float p = scores[static_cast<std::size_t>(t)] / sum;
-#pragma omp simd
-      for (int c = 0; c < d; ++c) {
-        oh[c] += p * vr[c];
-      }
-    }
-  }
-}
-
-// Keeps every token: per (layer, KV head) contiguous rows [tokens, d] of keys and values.
-class full_cache : public kv_cache {
- public:
-  void start(const cache_shape& shape) override {
-    shape_ = shape;
-    const auto heads = static_cast<std::size_t>(shape.num_layers * shape.num_kv_heads);
-    keys_.assign(heads, {});
-    values_.assign(heads, {});
-    for (std::size_t i = 0; i < heads; ++i) {
-      keys_[i].reserve(static_cast<std::size_t>(shape.max_len * shape.head_dim));
-      values_[i].reserve(static_cast<std::size_t>(shape.max_len * shape.head_dim));
-    }
-  }
-
-  void prefill(int layer, int n, std::span<const float> k_rot, std::span<const float> v,
-               std::span<const float> /*q_rot*/) override {
-    const int d = shape_.head_dim;
-    const int kvh = shape_.num_kv_heads;
-    for (int g = 0; g < kvh; ++g) {
-      auto& K = keys_[slot(layer, g)];
-      auto& V = values_[slot(layer, g)];
-      K.clear();
-      V.clear();
-      for (int t = 0; t < n; ++t) {
-        const std::size_t off = (static_cast<std::size_t>(t) * kvh + g) * d;
-        K.insert(K.end(), k_rot.begin() + off, k_rot.begin() + off + d);
-        V.insert(V.end(), v.begin() + off, v.begin() + off + d);
-      }
-    }
-  }
-
-  void decode(int layer, std::span<const float> q, std::span<const float> k,
-              std::span<const float> v, int /*position*/, std::span<float> out) override {
-    const int d = shape_.head_dim;
-    std::vector<kv_head_view> views(static_cast<std::size_t>(shape_.num_kv_heads));
-    for (int g = 0; g < shape_.num_kv_heads; ++g) {
-      auto& K = keys_[slot(layer, g)];
-      auto& V = values_[slot(layer, g)];
-      K.insert(K.end(), k.begin() + g * d, k.begin() + (g + 1) * d);
-      V.insert(V.end(), v.begin() + g * d, v.begin() + (g + 1) * d);
-      views[static_cast<std::size_t>(g)] = {K.data(), V.data(), d, nullptr,
-                                            static_cast<int>(K.size() / static_cast<std::size_t>(d))};
-    }
-    attend_decode(q, shape_.num_q_heads, d, views, out);
-  }
-
-  [[nodiscard]] std::int64_t kept_tokens(int layer, int kv_head) const override {
-    return static_cast<std::int64_t>(keys_[slot(layer, kv_head)].size()) / shape_.head_dim;
-  }
-
- private:
-  [[nodiscard]] std::size_t slot(int layer, int g) const {
-    return static_cast<std::size_t>(layer * shape_.num_kv_heads + g);
-  }
-  cache_shape shape_;
-  std::vector<std::vector<float>> keys_;    // [layers * kv_heads][tokens * d]
-  std::vector<std::vector<float>> values_;  // [layers * kv_heads][tokens * d]
-};
-
 // ---- kernels -----------------------------------------------------------------------------------
 
 namespace detail {
@@ -345,12 +241,46 @@ inline v8f load8(const float* p) {
 inline void store8(float* p, v8f v) { __builtin_memcpy(p, &v, sizeof v); }
 inline v8f splat8(float x) { return v8f{} + x; }
 
+// y[out] = x[in] Wt[in, out] for one row (decode steps): 4 vectors of columns per tile.
+inline void matvec(const float* x, int in, const float* Wt, int out, float* y) {
+  constexpr int C = 4 * kW;
+  const int full = out / C * C;
+  for (int c0 = 0; c0 < full; c0 += C) {
+    v8f a0{}, a1{}, a2{}, a3{};
+    for (int k = 0; k < in; ++k) {
+      const float* w = Wt + static_cast<std::size_t>(k) * out + c0;
+      const float xk = x[k];
+      a0 += xk * load8(w);
+      a1 += xk * load8(w + kW);
+      a2 += xk * load8(w + 2 * kW);
+      a3 += xk * load8(w + 3 * kW);
+    }
+    store8(y + c0, a0);
+    store8(y + c0 + kW, a1);
+    store8(y + c0 + 2 * kW, a2);
+    store8(y + c0 + 3 * kW, a3);
+  }
+  if (full < out) {
+    std::fill(y + full, y + out, 0.0f);
+    for (int k = 0; k < in; ++k) {
+      const float* w = Wt + static_cast<std::size_t>(k) * out;
+      for (int c = full; c < out; ++c) {
+        y[c] += x[k] * w[c];
+      }
+    }
+  }
+}
+
 // Y[n, out] = X[n, in] Wt[in, out] (Wt = W^T, so y = x W^T for HF's W [out, in]).
 // Tiles of 4 rows x 2 vectors of columns accumulated in registers; OpenMP over tiles for large products
 // (small ones, e.g. decode steps, stay on the calling thread).
 inline void matmul(const float* X, int n, int in, const float* Wt, int out, float* Y) {
   constexpr int R = 4;
   constexpr int C = 2 * kW;
+  if (n == 1) {
+    matvec(X, in, Wt, out, Y);
+    return;
+  }
   const int row_blocks = (n + R - 1) / R;
   const int col_blocks = (out + C - 1) / C;
 #pragma omp parallel for collapse(2) schedule(static) if (static_cast<long>(n) * in * out > 4000000)
@@ -460,6 +390,47 @@ inline v8f exp8_nonpositive(v8f x) {
   return tiny ? v8f{} : p * scale2;
 }
 
+// out[c] = inv * sum_t p[t] * rows[r(t)][c], r(t) = index ? index[t] : t (rows `stride` apart).
+template <int NV>
+inline void weighted_rows_v(const float* p, int n, const float* rows, std::int64_t stride,
+                            const std::int32_t* index, float inv, float* out) {
+  v8f o[NV] = {};
+  for (int t = 0; t < n; ++t) {
+    const float* r = rows + (index ? index[t] : t) * stride;
+    const float pt = p[t];
+    for (int v = 0; v < NV; ++v) {
+      o[v] += pt * load8(r + v * kW);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    store8(out + v * kW, o[v] * inv);
+  }
+}
+
+inline void weighted_rows(const float* p, int n, const float* rows, std::int64_t stride,
+                          const std::int32_t* index, int d, float inv, float* out) {
+  switch (d) {
+    case 4 * kW:
+      return weighted_rows_v<4>(p, n, rows, stride, index, inv, out);
+    case 8 * kW:
+      return weighted_rows_v<8>(p, n, rows, stride, index, inv, out);
+    case 16 * kW:
+      return weighted_rows_v<16>(p, n, rows, stride, index, inv, out);
+    default:
+      break;
+  }
+  std::fill(out, out + d, 0.0f);
+  for (int t = 0; t < n; ++t) {
+    const float* r = rows + (index ? index[t] : t) * stride;
+    for (int c = 0; c < d; ++c) {
+      out[c] += p[t] * r[c];
+    }
+  }
+  for (int c = 0; c < d; ++c) {
+    out[c] *= inv;
+  }
+}
+
 // Causal attention over a whole prompt. q [n, qh, d], k/v [n, kvh, d] -> out [n, qh, d].
 // Per (query head, block of 4 consecutive queries): scores 16 keys at a time in registers, a
 // vectorised exp, then the weighted sum of values.
@@ -488,7 +459,6 @@ inline void prefill_attention(const float* q, const float* k, const float* v, in
   {
     std::vector<float> s(static_cast<std::size_t>(QB) * n_pad);
     std::vector<float> qs(static_cast<std::size_t>(QB) * d);
-    std::vector<float> acc(static_cast<std::size_t>(d));
 #pragma omp for schedule(dynamic, 4) collapse(2)
     for (int h = 0; h < qh; ++h) {
       for (int bb = 0; bb < qblocks; ++bb) {
@@ -554,58 +524,7 @@ inline void prefill_attention(const float* q, const float* k, const float* v, in
           }
           const float* vg = vv.data() + static_cast<std::size_t>(g) * n * d;
           float* oi = out + (static_cast<std::size_t>(i) * qh + h) * d;
-          if (d == 32 && kW == 8) {
-            v8f o0{}, o1{}, o2{}, o3{};
-            for (int j = 0; j < len; ++j) {
-              const float p = sr[j];
-              const float* vr = vg + static_cast<std::size_t>(j) * 32;
-              o0 += p * load8(vr);
-              o1 += p * load8(vr + kW);
-              o2 += p * load8(vr + 2 * kW);
-              o3 += p * load8(vr + 3 * kW);
-            }
-            const float inv = 1.0f / sum;
-            store8(oi, o0 * inv);
-            store8(oi + kW, o1 * inv);
-            store8(oi + 2 * kW, o2 * inv);
-            store8(oi + 3 * kW, o3 * inv);
-          } else if (d == 32 && kW == 4) {
-            v8f o0{}, o1{}, o2{}, o3{}, o4{}, o5{}, o6{}, o7{};
-            for (int j = 0; j < len; ++j) {
-              const float p = sr[j];
-              const float* vr = vg + static_cast<std::size_t>(j) * 32;
-              o0 += p * load8(vr);
-              o1 += p * load8(vr + kW);
-              o2 += p * load8(vr + 2 * kW);
-              o3 += p * load8(vr + 3 * kW);
-              o4 += p * load8(vr + 4 * kW);
-              o5 += p * load8(vr + 5 * kW);
-              o6 += p * load8(vr + 6 * kW);
-              o7 += p * load8(vr + 7 * kW);
-            }
-            const float inv = 1.0f / sum;
-            store8(oi, o0 * inv);
-            store8(oi + kW, o1 * inv);
-            store8(oi + 2 * kW, o2 * inv);
-            store8(oi + 3 * kW, o3 * inv);
-            store8(oi + 4 * kW, o4 * inv);
-            store8(oi + 5 * kW, o5 * inv);
-            store8(oi + 6 * kW, o6 * inv);
-            store8(oi + 7 * kW, o7 * inv);
-          } else {
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int j = 0; j < len; ++j) {
-              const float p = sr[j];
-              const float* vr = vg + static_cast<std::size_t>(j) * d;
-              for (int c = 0; c < d; ++c) {
-                acc[static_cast<std::size_t>(c)] += p * vr[c];
-              }
-            }
-            const float inv = 1.0f / sum;
-            for (int c = 0; c < d; ++c) {
-              oi[c] = acc[static_cast<std::size_t>(c)] * inv;
-            }
-          }
+          weighted_rows(sr, len, vg, d, nullptr, d, 1.0f / sum, oi);
         }
       }
     }
@@ -623,6 +542,126 @@ inline std::vector<float> transpose(const std::vector<float>& w, int rows, int c
 }
 
 }  // namespace detail
+
+// Decode attention for one token: out[h] = softmax(q[h] . K_g / sqrt(d)) V_g over the tokens of
+// heads[g], g = h / (q_heads / kv_heads). q, out [q_heads, d]; heads [kv_heads].
+inline void attend_decode(std::span<const float> q, int q_heads, int d,
+                          std::span<const kv_head_view> heads, std::span<float> out) {
+  using detail::kW;
+  using detail::v8f;
+  const int kv_heads = static_cast<int>(heads.size());
+  const int group = q_heads / kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const bool vec = d % kW == 0;
+  std::vector<float> scores;
+  for (int g = 0; g < kv_heads; ++g) {
+    const kv_head_view& kv = heads[static_cast<std::size_t>(g)];
+    const int n_pad = (kv.n + kW - 1) / kW * kW;
+    scores.assign(static_cast<std::size_t>(group) * n_pad, -INFINITY);
+    const float* q0 = q.data() + static_cast<std::size_t>(g) * group * d;
+    // scores[hh][t] = q[hh] . k[t] / sqrt(d) for the group's query heads
+    for (int t = 0; t < kv.n; ++t) {
+      const std::int64_t row = kv.index ? kv.index[t] : t;
+      const float* kr = kv.keys + row * kv.stride;
+      for (int hh = 0; hh < group; ++hh) {
+        const float* qh = q0 + static_cast<std::size_t>(hh) * d;
+        float sc = 0.0f;
+        if (vec) {
+          v8f acc{};
+          for (int c = 0; c < d; c += kW) {
+            acc += detail::load8(qh + c) * detail::load8(kr + c);
+          }
+          for (int l = 0; l < kW; ++l) {
+            sc += acc[l];
+          }
+        } else {
+          for (int c = 0; c < d; ++c) {
+            sc += qh[c] * kr[c];
+          }
+        }
+        scores[static_cast<std::size_t>(hh) * n_pad + t] = sc * scale;
+      }
+    }
+    for (int hh = 0; hh < group; ++hh) {
+      float* sr = scores.data() + static_cast<std::size_t>(hh) * n_pad;
+      float mx = -INFINITY;
+      for (int t = 0; t < kv.n; ++t) {
+        mx = std::max(mx, sr[t]);
+      }
+      v8f vsum{};
+      for (int t = 0; t < n_pad; t += kW) {
+        const v8f e = detail::exp8_nonpositive(detail::load8(sr + t) - mx);
+        detail::store8(sr + t, e);
+        vsum += e;
+      }
+      float sum = 0.0f;
+      for (int l = 0; l < kW; ++l) {
+        sum += vsum[l];
+      }
+      float* oh = out.data() + (static_cast<std::size_t>(g) * group + hh) * d;
+      detail::weighted_rows(sr, kv.n, kv.values, kv.stride, kv.index, d, 1.0f / sum, oh);
+    }
+  }
+}
+
+// Keeps every token: per (layer, KV head) contiguous rows [tokens, d] of keys and values.
+class full_cache : public kv_cache {
+ public:
+  void start(const cache_shape& shape) override {
+    shape_ = shape;
+    const auto heads = static_cast<std::size_t>(shape.num_layers * shape.num_kv_heads);
+    keys_.assign(heads, {});
+    values_.assign(heads, {});
+    for (std::size_t i = 0; i < heads; ++i) {
+      keys_[i].reserve(static_cast<std::size_t>(shape.max_len * shape.head_dim));
+      values_[i].reserve(static_cast<std::size_t>(shape.max_len * shape.head_dim));
+    }
+  }
+
+  void prefill(int layer, int n, std::span<const float> k_rot, std::span<const float> v,
+               std::span<const float> /*q_rot*/) override {
+    const int d = shape_.head_dim;
+    const int kvh = shape_.num_kv_heads;
+    for (int g = 0; g < kvh; ++g) {
+      auto& K = keys_[slot(layer, g)];
+      auto& V = values_[slot(layer, g)];
+      K.clear();
+      V.clear();
+      for (int t = 0; t < n; ++t) {
+        const std::size_t off = (static_cast<std::size_t>(t) * kvh + g) * d;
+        K.insert(K.end(), k_rot.begin() + off, k_rot.begin() + off + d);
+        V.insert(V.end(), v.begin() + off, v.begin() + off + d);
+      }
+    }
+  }
+
+  void decode(int layer, std::span<const float> q, std::span<const float> k,
+              std::span<const float> v, int /*position*/, std::span<float> out) override {
+    const int d = shape_.head_dim;
+    std::vector<kv_head_view> views(static_cast<std::size_t>(shape_.num_kv_heads));
+    for (int g = 0; g < shape_.num_kv_heads; ++g) {
+      auto& K = keys_[slot(layer, g)];
+      auto& V = values_[slot(layer, g)];
+      K.insert(K.end(), k.begin() + g * d, k.begin() + (g + 1) * d);
+      V.insert(V.end(), v.begin() + g * d, v.begin() + (g + 1) * d);
+      views[static_cast<std::size_t>(g)] = {K.data(), V.data(), d, nullptr,
+                                            static_cast<int>(K.size() / static_cast<std::size_t>(d))};
+    }
+    attend_decode(q, shape_.num_q_heads, d, views, out);
+  }
+
+  [[nodiscard]] std::int64_t kept_tokens(int layer, int kv_head) const override {
+    return static_cast<std::int64_t>(keys_[slot(layer, kv_head)].size()) / shape_.head_dim;
+  }
+
+ private:
+  [[nodiscard]] std::size_t slot(int layer, int g) const {
+    return static_cast<std::size_t>(layer * shape_.num_kv_heads + g);
+  }
+  cache_shape shape_;
+  std::vector<std::vector<float>> keys_;    // [layers * kv_heads][tokens * d]
+  std::vector<std::vector<float>> values_;  // [layers * kv_heads][tokens * d]
+};
 
 // ---- the model ---------------------------------------------------------------------------------
 
