@@ -53,7 +53,9 @@ budget_run run_budgeter(const kvsift::budget::dynamic_layer::params& p,
     b.budgets(kvsift::budget_context{l, L, H, lengths}, budgets);
     kvsift::index_sets k;
     sel.select(s, budgets, k);
-    for (int h = 0; h < H; ++h) out.kept[static_cast<std::size_t>(l) * H + h].assign(k[h].begin(), k[h].end());
+    for (int h = 0; h < H; ++h) {
+      out.kept[static_cast<std::size_t>(l) * H + h].assign(k[h].begin(), k[h].end());
+    }
     revisions.clear();
     b.revise({l, L, H, kvsift::lifecycle_event::prefill_end, {&request, 1}, &s, &k}, revisions);
     for (const auto& rv : revisions) {
@@ -184,7 +186,8 @@ TEST_CASE("dynamic_layer: layer l's budgets depend only on layers <= l", "[dynam
   // change every layer from 4 on: rows of updates after layers 1 and 3 must not move
   const auto other = random_scores(L, H, n - w, 12);
   for (int l = 4; l < L; ++l) b[l] = other[l];
-  const kvsift::budget::dynamic_layer::params p{.tokens = C, .window = w, .r_max = 3, .interval = m};
+  const kvsift::budget::dynamic_layer::params p{
+      .tokens = C, .window = w, .r_max = 3, .interval = m};
   const auto ra = run_budgeter(p, a, n);
   const auto rb = run_budgeter(p, b, n);
   REQUIRE(ra.history.size() == 4);  // after layers 1, 3, 5, 6
@@ -285,12 +288,21 @@ TEST_CASE("dynamickv: layer by layer, memory shrinks per KV head, stats carry th
   const auto pr = make_prompt(sh, n, 100 + L * 10 + kv_heads * 3 + G);
 
   // example-begin dynamickv
-  kvsift::store::dense<float> store(sh, /*requests=*/1, /*capacity=*/n + 64);
-  auto params = kvsift::dynamickv_params<kvsift::store::dense<float>>(/*budget=*/24);
-  kvsift::dynamickv<kvsift::store::dense<float>> dkv(store, params);
+  store_t store(sh, /*requests=*/1, /*capacity=*/n + 64);  // kvsift::store::dense<float>
+  kvsift::dynamickv<store_t> dkv(store, kvsift::dynamickv_params<store_t>(/*budget=*/24));
+  const auto rows = [&](const std::vector<float>& x, int heads) {  // [n, heads, d] token-major
+    return kvsift::kv_view<const float, kvsift::nhd>::contiguous(x.data(), n, heads, sh.head_dim);
+  };
   for (int layer = 0; layer < sh.layers; ++layer) {
-    // as the engine finishes this layer's prefill: keys, values and (at least) the last 8 queries
-    prefill_layer(dkv, sh, /*request=*/0, layer, pr);
+    // as the engine finishes this layer's prefill
+    const kvsift::prefill_chunk<float> chunk{
+        .request = 0,
+        .keys = rows(pr.keys[layer], sh.kv_heads),
+        .values = rows(pr.values[layer], sh.kv_heads),
+        .queries = rows(pr.queries[layer], sh.q_heads),  // only the last 8 (the window) are read
+        .first_position = 0,
+        .last = true};
+    dkv.prefill(layer, chunk);
   }
   const std::vector<int> past = dkv.budgeter_state().past_budgets(0);  // per layer, window excluded
   const std::vector<int> tokens = dkv.stats().layer_budgets;          // per layer, window included

@@ -87,7 +87,9 @@ const kc::registrar budget_dynamickv{
           for (int h = 0; h < H; ++h) {
             auto& set = kept[static_cast<std::size_t>(rv.layer) * H + h];
             std::vector<std::int32_t> next;
-            for (const auto slot : rv.kept[h]) next.push_back(set.at(static_cast<std::size_t>(slot)));
+            for (const auto slot : rv.kept[h]) {
+              next.push_back(set.at(static_cast<std::size_t>(slot)));
+            }
             set = std::move(next);
           }
         }

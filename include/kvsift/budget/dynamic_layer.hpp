@@ -66,8 +66,8 @@ inline std::vector<std::int64_t> dynamic_layer_shares(std::span<const std::int64
 //
 // Parameters: tokens C (2048; no paper default, a budget is always given), window 8, r_max 10,
 // interval m 4. C <= window is an error.
-// Cost: budgets() O(segments); an update O(seen layers * H * M) (nth_element), at most
-// ceil(L / m) + 1 updates per request; memory O(L * H * M) floats per request.
+// Cost: budgets() O(segments); an update O(seen layers * H * M) (nth_element), ceil(L / m)
+// updates per request; memory O(L * H * M) floats per request.
 struct dynamic_layer {
   using kvsift_role = budgeter_tag;
   struct params {
@@ -127,7 +127,8 @@ struct dynamic_layer {
       for (int h = 0; h < H; ++h) {
         const int s = static_cast<int>(i) * H + h;
         const auto sc = (*round.scores)[s];
-        std::copy(sc.begin(), sc.begin() + M, ls.scores.begin() + static_cast<std::ptrdiff_t>(h) * M);
+        std::copy(sc.begin(), sc.begin() + M,
+                  ls.scores.begin() + static_cast<std::ptrdiff_t>(h) * M);
         for (const auto slot : (*round.kept)[s]) {
           if (slot < M) {
             ls.resident[h].push_back(slot);
@@ -196,7 +197,9 @@ struct dynamic_layer {
     return st;
   }
   request_state& state_of(int request, int layers, int H) {
-    if (request >= static_cast<int>(states_.size())) states_.resize(static_cast<std::size_t>(request) + 1);
+    if (request >= static_cast<int>(states_.size())) {
+      states_.resize(static_cast<std::size_t>(request) + 1);
+    }
     auto& st = states_[request];
     if (static_cast<int>(st.layer.size()) != layers) st = fresh_state(layers, H);
     return st;
@@ -254,8 +257,9 @@ struct dynamic_layer {
       rv.budget = keep + ls.tail[0];
       std::vector<std::int32_t> picked;
       for (int h = 0; h < H; ++h) {
-        const std::span<const float> sc(ls.scores.data() + static_cast<std::size_t>(h) * ls.past_tokens,
-                                        static_cast<std::size_t>(ls.past_tokens));
+        const std::span<const float> sc(
+            ls.scores.data() + static_cast<std::size_t>(h) * ls.past_tokens,
+            static_cast<std::size_t>(ls.past_tokens));
         cpu::topk_of(sc, ls.resident[h], keep, picked);
         std::vector<std::int32_t> slots;  // resident slots of the picked tokens, then the tail
         slots.reserve(picked.size() + static_cast<std::size_t>(ls.tail[h]));
