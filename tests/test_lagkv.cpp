@@ -29,8 +29,12 @@ using kvsift::score::lag_variant;
 struct prompt {
   int n = 0, heads = 0, d = 0;
   std::vector<float> k, v;
-  [[nodiscard]] float& key(int t, int h, int c) { return k[(static_cast<std::size_t>(t) * heads + h) * d + c]; }
-  [[nodiscard]] float& value(int t, int h, int c) { return v[(static_cast<std::size_t>(t) * heads + h) * d + c]; }
+  [[nodiscard]] float& key(int t, int h, int c) {
+    return k[(static_cast<std::size_t>(t) * heads + h) * d + c];
+  }
+  [[nodiscard]] float& value(int t, int h, int c) {
+    return v[(static_cast<std::size_t>(t) * heads + h) * d + c];
+  }
 };
 
 prompt make_prompt(int n, int heads, int d, unsigned seed) {
@@ -70,8 +74,10 @@ void feed(lag_method<Store>& m, int r, const std::vector<T>& k, const std::vecto
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     kvsift::prefill_chunk<T> c;
     c.request = r;
-    c.keys = kvsift::kv_view<const T, kvsift::nhd>::contiguous(k.data(), n, heads, d).slice(first, chunks[i]);
-    c.values = kvsift::kv_view<const T, kvsift::nhd>::contiguous(v.data(), n, heads, d).slice(first, chunks[i]);
+    c.keys = kvsift::kv_view<const T, kvsift::nhd>::contiguous(k.data(), n, heads, d)
+                 .slice(first, chunks[i]);
+    c.values = kvsift::kv_view<const T, kvsift::nhd>::contiguous(v.data(), n, heads, d)
+                   .slice(first, chunks[i]);
     c.first_position = first;
     c.last = i + 1 == chunks.size();
     m.prefill(0, c);
@@ -118,7 +124,8 @@ struct run_result {
   std::int64_t resident_tokens = 0;
   std::int64_t resident_bytes = 0;
 };
-run_result run_prefill(const prompt& p, const kvsift::lagkv<kvsift::store::dense<float>>::params& prm,
+run_result run_prefill(const prompt& p,
+                       const kvsift::lagkv<kvsift::store::dense<float>>::params& prm,
                        const std::vector<int>& chunks) {
   using store_t = kvsift::store::dense<float>;
   store_t st({.layers = 1, .q_heads = p.heads, .kv_heads = p.heads, .head_dim = p.d}, 1, p.n);
@@ -148,7 +155,8 @@ TEST_CASE("lagkv: recursion around every trigger length, closed-form resident si
       const int expect = resident_after_prefill(n, S, L, k);
       for (const auto& kept : chunked.kept) CHECK(static_cast<int>(kept.size()) == expect);
       CHECK(chunked.resident_tokens == 2 * expect);
-      CHECK(chunked.resident_bytes == 2 * expect * 2 * 8 * static_cast<std::int64_t>(sizeof(float)));
+      CHECK(chunked.resident_bytes ==
+            2 * expect * 2 * 8 * static_cast<std::int64_t>(sizeof(float)));
       CHECK(chunked.rounds == rounds_after_prefill(n, S, L));
       CHECK(chunked.base == S + rounds_after_prefill(n, S, L) * k);
       // the sink and the raw tail (everything from base on) are kept as they are
@@ -198,7 +206,8 @@ TEST_CASE("lagkv: decode rounds every L steps; the triggering step reads the unc
   dense_f st({.layers = 1, .q_heads = Hq, .kv_heads = H, .head_dim = d}, 1, n + T);
   lag_method<dense_f> m(st, kvsift::lagkv_params<dense_f>(S, L, 0.5));
   feed(m, 0, p.k, p.v, n + T, H, d, {n});
-  std::vector<float> q(static_cast<std::size_t>(Hq) * d, 0.25f), out(static_cast<std::size_t>(Hq) * d);
+  std::vector<float> q(static_cast<std::size_t>(Hq) * d, 0.25f),
+      out(static_cast<std::size_t>(Hq) * d);
   int base = kvsift::lagkv_base(m, 0, 0, 0);
   int resident = st.length(0, 0, 0);
   CHECK(resident - base == L + 3);
@@ -206,7 +215,8 @@ TEST_CASE("lagkv: decode rounds every L steps; the triggering step reads the unc
   std::vector<int> frozen_positions(initial.begin(), initial.begin() + base);
   for (int t = 1; t <= T; ++t) {
     CAPTURE(t);
-    const kvsift::decode_token<float> tok{0, q.data(), p.k.data() + static_cast<std::size_t>(n + t - 1) * H * d,
+    const kvsift::decode_token<float> tok{0, q.data(),
+                                          p.k.data() + static_cast<std::size_t>(n + t - 1) * H * d,
                                           p.v.data() + static_cast<std::size_t>(n + t - 1) * H * d};
     const auto& plan = m.decode(0, tok);
     // the step reads everything resident, its own token included
@@ -227,13 +237,15 @@ TEST_CASE("lagkv: decode rounds every L steps; the triggering step reads the unc
   }
   CHECK(m.stats().refreshes == rounds_after_prefill(n + T, S, L));
   // decode rounds land where the prefill recursion would have put them
-  CHECK(kept_positions(st, 0) == run_prefill(p, kvsift::lagkv_params<dense_f>(S, L, 0.5), one_chunk(n + T)).kept);
+  CHECK(kept_positions(st, 0) ==
+        run_prefill(p, kvsift::lagkv_params<dense_f>(S, L, 0.5), one_chunk(n + T)).kept);
 }
 
 TEST_CASE("lagkv: a ragged batch compresses every request independently", "[lagkv][ragged]") {
   const int S = 4, L = 8, H = 2, d = 8;
   const int n0 = S + 5 * L + 3, n1 = S + 2 * L - 1, n2 = S + 2 * L;
-  const prompt ps[] = {make_prompt(n0, H, d, 1), make_prompt(n1, H, d, 2), make_prompt(n2, H, d, 3)};
+  const prompt ps[] = {make_prompt(n0, H, d, 1), make_prompt(n1, H, d, 2),
+                       make_prompt(n2, H, d, 3)};
   dense_f st({.layers = 1, .q_heads = H, .kv_heads = H, .head_dim = d}, 3, n0);
   lag_method<dense_f> m(st, kvsift::lagkv_params<dense_f>(S, L, 0.5));
   std::vector<kvsift::prefill_chunk<float>> chunks;
@@ -247,7 +259,8 @@ TEST_CASE("lagkv: a ragged batch compresses every request independently", "[lagk
   m.prefill(0, chunks);
   for (int r = 0; r < 3; ++r) {
     CAPTURE(r);
-    const auto solo = run_prefill(ps[r], kvsift::lagkv_params<dense_f>(S, L, 0.5), one_chunk(ps[r].n));
+    const auto solo =
+        run_prefill(ps[r], kvsift::lagkv_params<dense_f>(S, L, 0.5), one_chunk(ps[r].n));
     CHECK(kept_positions(st, r) == solo.kept);
     CHECK(kvsift::lagkv_base(m, r, 0, 0) == solo.base);
   }
@@ -271,7 +284,8 @@ TEST_CASE("lagkv: GQA selects per KV head, from that head's keys and values only
         single.v.push_back(p.v[(static_cast<std::size_t>(t) * H + h) * d + c]);
       }
     }
-    CHECK(run_prefill(single, kvsift::lagkv_params<dense_f>(S, L, 0.5), one_chunk(n)).kept[0] == kept[h]);
+    CHECK(run_prefill(single, kvsift::lagkv_params<dense_f>(S, L, 0.5), one_chunk(n)).kept[0] ==
+          kept[h]);
   }
 }
 
@@ -288,7 +302,8 @@ TEMPLATE_TEST_CASE("lagkv: every element type, dense and paged stores", "[lagkv]
     p.k[i] = kvsift::to_float(k[i]);
     p.v[i] = kvsift::to_float(v[i]);
   }
-  const auto ref = run_prefill(p, kvsift::lagkv_params<dense_f>(S, L, 0.5, 1.0, variant), one_chunk(n));
+  const auto ref =
+      run_prefill(p, kvsift::lagkv_params<dense_f>(S, L, 0.5, 1.0, variant), one_chunk(n));
   const model_shape sh{.layers = 1, .q_heads = H, .kv_heads = H, .head_dim = d};
 
   using dense_t = kvsift::store::dense<T>;
@@ -305,7 +320,8 @@ TEMPLATE_TEST_CASE("lagkv: every element type, dense and paged stores", "[lagkv]
   CHECK(kept_positions(pg, 0) == ref.kept);
   const int resident = resident_after_prefill(n, S, L, L / 2);
   CHECK(pg.used_pages() == H * ((resident + ps - 1) / ps));  // compressed pages went back
-  CHECK(pm.stats().resident_bytes == pg.used_pages() * ps * 2 * d * static_cast<std::int64_t>(sizeof(T)));
+  CHECK(pm.stats().resident_bytes ==
+        pg.used_pages() * ps * 2 * d * static_cast<std::int64_t>(sizeof(T)));
 }
 
 TEST_CASE("lagkv: constant channels normalise to 0, never NaN; exact ties keep the lower index",
@@ -327,7 +343,8 @@ TEST_CASE("lagkv: constant channels normalise to 0, never NaN; exact ties keep t
   for (const auto variant : {lag_variant::lag, lag_variant::local}) {
     kvsift::score::lag_relative sc{{.sink = S, .lag = L, .value_weight = 1.0, .variant = variant}};
     const std::vector<int> req{0};
-    kvsift::score_input<dense_f> in{&full, 0, kvsift::lifecycle_event::prefill_end, req, {}, {}, {}};
+    kvsift::score_input<dense_f> in{&full, 0, kvsift::lifecycle_event::prefill_end, req, {},
+                                    {},    {}};
     kvsift::score_sets s, sk, sv;
     sc.score(in, s, &sk, &sv);
     for (int j = S; j < S + 2 * L; ++j) {
@@ -355,9 +372,10 @@ TEST_CASE("lagkv: constant channels normalise to 0, never NaN; exact ties keep t
   for (int j = 0; j < L / 2; ++j) CHECK(res.kept[0][S + j] == S + j);
 }
 
-TEST_CASE("lagkv: variants — lag is min-max relative to the next partition, local to its own, "
-          "knorm keeps the smallest keys",
-          "[lagkv][variants]") {
+TEST_CASE(
+    "lagkv: variants — lag is min-max relative to the next partition, local to its own, "
+    "knorm keeps the smallest keys",
+    "[lagkv][variants]") {
   const int S = 4, L = 16, H = 1, d = 8, n = S + 3 * L;
   const auto p = make_prompt(n, H, d, 55);
   const auto scores = [&](const prompt& x, lag_variant variant) {
@@ -371,7 +389,8 @@ TEST_CASE("lagkv: variants — lag is min-max relative to the next partition, lo
     sc.score(in, s);
     return std::vector<float>(s[0].begin(), s[0].end());
   };
-  const auto close = [](const std::vector<float>& a, const std::vector<float>& b, int from, int to) {
+  const auto close = [](const std::vector<float>& a, const std::vector<float>& b, int from,
+                        int to) {
     for (int j = from; j < to; ++j) {
       if (std::abs(a[j] - b[j]) > 1e-5f * std::max(1.0f, std::abs(a[j]))) return false;
     }
@@ -404,8 +423,8 @@ TEST_CASE("lagkv: variants — lag is min-max relative to the next partition, lo
     CHECK(close(scores(q, lag_variant::local), local, S, S + L));
   }
   SECTION("knorm keeps, per partition, the k keys of smallest norm") {
-    const auto res = run_prefill(p, kvsift::lagkv_params<dense_f>(S, L, 0.25, 1.0, lag_variant::knorm),
-                                 one_chunk(n));
+    const auto res = run_prefill(
+        p, kvsift::lagkv_params<dense_f>(S, L, 0.25, 1.0, lag_variant::knorm), one_chunk(n));
     for (int part = 0; part < 2; ++part) {
       std::vector<std::pair<double, int>> norms;
       for (int t = S + part * L; t < S + (part + 1) * L; ++t) {
@@ -433,14 +452,14 @@ TEST_CASE("lagkv: bad parameters are a kvsift::error at construction", "[lagkv][
   };
   CHECK_NOTHROW(make(16, 128, 0.5));
   CHECK_NOTHROW(make(1, 1, 1.0));
-  CHECK_THROWS_AS(make(0, 16, 0.5), kvsift::error);     // S must be positive
+  CHECK_THROWS_AS(make(0, 16, 0.5), kvsift::error);  // S must be positive
   CHECK_THROWS_AS(make(-3, 16, 0.5), kvsift::error);
-  CHECK_THROWS_AS(make(16, 0, 0.5), kvsift::error);     // L must be positive
-  CHECK_THROWS_AS(make(16, 16, 0.05), kvsift::error);   // floor(0.05 * 16) = 0
+  CHECK_THROWS_AS(make(16, 0, 0.5), kvsift::error);    // L must be positive
+  CHECK_THROWS_AS(make(16, 16, 0.05), kvsift::error);  // floor(0.05 * 16) = 0
   CHECK_THROWS_AS(make(16, 16, 0.0), kvsift::error);
-  CHECK_THROWS_AS(make(16, 16, 1.5), kvsift::error);    // more than a partition
+  CHECK_THROWS_AS(make(16, 16, 1.5), kvsift::error);  // more than a partition
   CHECK_THROWS_AS(make(16, 16, 0.5, std::numeric_limits<double>::quiet_NaN()), kvsift::error);
-  CHECK_NOTHROW(make(16, 10, 0.1));                     // floor(0.1 * 10) = 1 despite rounding
+  CHECK_NOTHROW(make(16, 10, 0.1));  // floor(0.1 * 10) = 1 despite rounding
   CHECK_THROWS_AS(kvsift::score::parse_lag_variant("lagg"), kvsift::error);
   CHECK(st.resident_tokens() == 0);
 }

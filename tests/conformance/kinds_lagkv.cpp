@@ -29,10 +29,10 @@ std::vector<float> to_nhd(const kc::tensor& t) {
 }
 
 kvsift::lagkv<store_t>::params params_of(const kc::case_data& c) {
-  return kvsift::lagkv_params<store_t>(
-      static_cast<int>(c.param_i("sink")), static_cast<int>(c.param_i("lag")),
-      c.param_d("keep_fraction"), c.param_d("value_weight"),
-      kvsift::score::parse_lag_variant(c.param_s("variant")));
+  return kvsift::lagkv_params<store_t>(static_cast<int>(c.param_i("sink")),
+                                       static_cast<int>(c.param_i("lag")),
+                                       c.param_d("keep_fraction"), c.param_d("value_weight"),
+                                       kvsift::score::parse_lag_variant(c.param_s("variant")));
 }
 
 // Feeds the prompt as SPEC's method.lagkv.prefill says; the method runs a round after each
@@ -47,8 +47,10 @@ void prefill(kvsift::lagkv<store_t>& m, const kc::case_data& c) {
   int chunk = std::min(n, p.sink + 2 * p.lag);
   while (first < n) {
     kvsift::prefill_chunk<float> ch;
-    ch.keys = kvsift::kv_view<const float, kvsift::nhd>::contiguous(k.data(), n, H, d).slice(first, chunk);
-    ch.values = kvsift::kv_view<const float, kvsift::nhd>::contiguous(v.data(), n, H, d).slice(first, chunk);
+    ch.keys = kvsift::kv_view<const float, kvsift::nhd>::contiguous(k.data(), n, H, d)
+                  .slice(first, chunk);
+    ch.values = kvsift::kv_view<const float, kvsift::nhd>::contiguous(v.data(), n, H, d)
+                    .slice(first, chunk);
     ch.first_position = first;
     ch.last = first + chunk == n;
     m.prefill(0, ch);
@@ -57,40 +59,41 @@ void prefill(kvsift::lagkv<store_t>& m, const kc::case_data& c) {
   }
 }
 
-const kc::registrar score_lagkv{"score.lagkv", [](const kc::case_data& c, kc::outputs& out) {
-  const auto& keys = c.in("keys");
-  const int H = static_cast<int>(keys.dim(0)), n = static_cast<int>(keys.dim(1)),
-            d = static_cast<int>(keys.dim(2));
-  const int base = static_cast<int>(c.param_i("base"));
-  const auto variant = kvsift::score::parse_lag_variant(c.param_s("variant"));
-  store_t st({.layers = 1, .q_heads = H, .kv_heads = H, .head_dim = d}, 1, n);
-  const auto k = to_nhd(keys), v = to_nhd(c.in("values"));
-  st.append(0, 0, kvsift::kv_view<const float, kvsift::nhd>::contiguous(k.data(), n, H, d),
-            kvsift::kv_view<const float, kvsift::nhd>::contiguous(v.data(), n, H, d), 0);
-  kvsift::score::lag_relative sc{{.sink = 1,  // the case's base is the frozen prefix
-                                  .lag = static_cast<int>(c.param_i("lag")),
-                                  .value_weight = c.param_d("value_weight"),
-                                  .variant = variant}};
-  sc.validate("score.lagkv");
-  const std::vector<int> requests{0};
-  const std::vector<int> frozen(static_cast<std::size_t>(H), base);
-  kvsift::score_input<store_t> in{&st, 0, kvsift::lifecycle_event::prefill_end, requests, {}, {},
-                                  frozen};
-  kvsift::score_sets s, sk, sv;
-  sc.score(in, s, &sk, &sv);
-  const int P = sc.partitions(n, base);
-  const int m = P >= 2 ? (P - 1) * sc.p.lag : 0;
-  const auto slice = [&](const kvsift::score_sets& x) {
-    std::vector<float> r;
-    for (int h = 0; h < H; ++h) r.insert(r.end(), x[h].begin() + base, x[h].begin() + base + m);
-    return r;
-  };
-  out.put_f32("scores", {H, m}, slice(s));
-  if (variant != kvsift::score::lag_variant::knorm) {
-    out.put_f32("score_k", {H, m}, slice(sk));
-    out.put_f32("score_v", {H, m}, slice(sv));
-  }
-}};
+const kc::registrar score_lagkv{
+    "score.lagkv", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& keys = c.in("keys");
+      const int H = static_cast<int>(keys.dim(0)), n = static_cast<int>(keys.dim(1)),
+                d = static_cast<int>(keys.dim(2));
+      const int base = static_cast<int>(c.param_i("base"));
+      const auto variant = kvsift::score::parse_lag_variant(c.param_s("variant"));
+      store_t st({.layers = 1, .q_heads = H, .kv_heads = H, .head_dim = d}, 1, n);
+      const auto k = to_nhd(keys), v = to_nhd(c.in("values"));
+      st.append(0, 0, kvsift::kv_view<const float, kvsift::nhd>::contiguous(k.data(), n, H, d),
+                kvsift::kv_view<const float, kvsift::nhd>::contiguous(v.data(), n, H, d), 0);
+      kvsift::score::lag_relative sc{{.sink = 1,  // the case's base is the frozen prefix
+                                      .lag = static_cast<int>(c.param_i("lag")),
+                                      .value_weight = c.param_d("value_weight"),
+                                      .variant = variant}};
+      sc.validate("score.lagkv");
+      const std::vector<int> requests{0};
+      const std::vector<int> frozen(static_cast<std::size_t>(H), base);
+      kvsift::score_input<store_t> in{
+          &st, 0, kvsift::lifecycle_event::prefill_end, requests, {}, {}, frozen};
+      kvsift::score_sets s, sk, sv;
+      sc.score(in, s, &sk, &sv);
+      const int P = sc.partitions(n, base);
+      const int m = P >= 2 ? (P - 1) * sc.p.lag : 0;
+      const auto slice = [&](const kvsift::score_sets& x) {
+        std::vector<float> r;
+        for (int h = 0; h < H; ++h) r.insert(r.end(), x[h].begin() + base, x[h].begin() + base + m);
+        return r;
+      };
+      out.put_f32("scores", {H, m}, slice(s));
+      if (variant != kvsift::score::lag_variant::knorm) {
+        out.put_f32("score_k", {H, m}, slice(sk));
+        out.put_f32("score_v", {H, m}, slice(sv));
+      }
+    }};
 
 const kc::registrar method_lagkv_prefill{
     "method.lagkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
@@ -126,7 +129,8 @@ const kc::registrar method_lagkv_decode{
       std::vector<std::int32_t> plan, offsets{0}, compressed, base;
       std::vector<float> att(static_cast<std::size_t>(T) * Hq * d);
       for (int t = 0; t < T; ++t) {
-        const kvsift::decode_token<float> tok{0, q.f32.data() + static_cast<std::size_t>(t) * Hq * d,
+        const kvsift::decode_token<float> tok{0,
+                                              q.f32.data() + static_cast<std::size_t>(t) * Hq * d,
                                               sk.f32.data() + static_cast<std::size_t>(t) * H * d,
                                               sv.f32.data() + static_cast<std::size_t>(t) * H * d};
         const std::span<const kvsift::decode_token<float>> toks(&tok, 1);

@@ -37,9 +37,12 @@ inline lag_variant parse_lag_variant(std::string_view s) {
 
 inline std::string_view to_string(lag_variant v) {
   switch (v) {
-    case lag_variant::lag: return "lag";
-    case lag_variant::local: return "local";
-    case lag_variant::knorm: return "knorm";
+    case lag_variant::lag:
+      return "lag";
+    case lag_variant::local:
+      return "local";
+    case lag_variant::knorm:
+      return "knorm";
   }
   return "?";
 }
@@ -66,8 +69,8 @@ inline float lag_token_std(const T* x, const float* mn, const float* mx, int d, 
 // One side (K or V) of partition `p` of a head-sequence: row(j) points at slot j's d channels.
 // Writes the softmaxed scores of the partition's L tokens to out[0, L).
 template <class Row>
-void lag_side(Row&& row, int first, int lag, bool local, int d, float* out,
-              std::vector<float>& mn, std::vector<float>& mx, std::vector<double>& xn) {
+void lag_side(Row&& row, int first, int lag, bool local, int d, float* out, std::vector<float>& mn,
+              std::vector<float>& mx, std::vector<double>& xn) {
   const int ref = local ? first : first + lag;  // the partition whose statistics normalise
   mn.assign(static_cast<std::size_t>(d), std::numeric_limits<float>::infinity());
   mx.assign(static_cast<std::size_t>(d), -std::numeric_limits<float>::infinity());
@@ -80,7 +83,9 @@ void lag_side(Row&& row, int first, int lag, bool local, int d, float* out,
     }
   }
   xn.resize(static_cast<std::size_t>(d));
-  for (int j = 0; j < lag; ++j) out[j] = lag_token_std(row(first + j), mn.data(), mx.data(), d, xn.data());
+  for (int j = 0; j < lag; ++j) {
+    out[j] = lag_token_std(row(first + j), mn.data(), mx.data(), d, xn.data());
+  }
   cpu::softmax(std::span<float>(out, static_cast<std::size_t>(lag)));
 }
 
@@ -117,7 +122,8 @@ struct lag_relative {
   void validate(std::string_view where) const {
     require(p.sink > 0, where, "sink", p.sink, "> 0");
     require(p.lag > 0, where, "lag", p.lag, "> 0");
-    require(std::isfinite(p.value_weight), where, "value_weight", p.value_weight, "a finite number");
+    require(std::isfinite(p.value_weight), where, "value_weight", p.value_weight,
+            "a finite number");
   }
 
   // First unfrozen slot of a head-sequence.

@@ -64,7 +64,8 @@ struct partition_topk {
     constexpr std::string_view where = "select::partition_topk";
     validate(where);
     require(static_cast<int>(frozen.size()) == scores.segments(), where, "frozen.size",
-            frozen.size(), "one frozen prefix per segment (" + std::to_string(scores.segments()) + ")");
+            frozen.size(),
+            "one frozen prefix per segment (" + std::to_string(scores.segments()) + ")");
     const int L = p.lag;
     const int k = keep_per_partition();
     std::vector<int> sizes(static_cast<std::size_t>(scores.segments()));
