@@ -241,32 +241,33 @@ inline v8f load8(const float* p) {
 inline void store8(float* p, v8f v) { __builtin_memcpy(p, &v, sizeof v); }
 inline v8f splat8(float x) { return v8f{} + x; }
 
-// y[out] = x[in] Wt[in, out] for one row (decode steps): 4 vectors of columns per tile.
+// y[out] = x[in] Wt[in, out] for one row (decode steps): streams Wt row by row (4 rows per
+// pass) into y, which stays in L1; memory access is purely sequential.
 inline void matvec(const float* x, int in, const float* Wt, int out, float* y) {
-  constexpr int C = 4 * kW;
-  const int full = out / C * C;
-  for (int c0 = 0; c0 < full; c0 += C) {
-    v8f a0{}, a1{}, a2{}, a3{};
-    for (int k = 0; k < in; ++k) {
-      const float* w = Wt + static_cast<std::size_t>(k) * out + c0;
-      const float xk = x[k];
-      a0 += xk * load8(w);
-      a1 += xk * load8(w + kW);
-      a2 += xk * load8(w + 2 * kW);
-      a3 += xk * load8(w + 3 * kW);
+  const int full = out / kW * kW;
+  std::fill(y, y + out, 0.0f);
+  int k = 0;
+  for (; k + 4 <= in; k += 4) {
+    const float* w0 = Wt + static_cast<std::size_t>(k) * out;
+    const float* w1 = w0 + out;
+    const float* w2 = w1 + out;
+    const float* w3 = w2 + out;
+    const float x0 = x[k];
+    const float x1 = x[k + 1];
+    const float x2 = x[k + 2];
+    const float x3 = x[k + 3];
+    for (int c = 0; c < full; c += kW) {
+      store8(y + c, load8(y + c) + x0 * load8(w0 + c) + x1 * load8(w1 + c) +
+                        x2 * load8(w2 + c) + x3 * load8(w3 + c));
     }
-    store8(y + c0, a0);
-    store8(y + c0 + kW, a1);
-    store8(y + c0 + 2 * kW, a2);
-    store8(y + c0 + 3 * kW, a3);
+    for (int c = full; c < out; ++c) {
+      y[c] += x0 * w0[c] + x1 * w1[c] + x2 * w2[c] + x3 * w3[c];
+    }
   }
-  if (full < out) {
-    std::fill(y + full, y + out, 0.0f);
-    for (int k = 0; k < in; ++k) {
-      const float* w = Wt + static_cast<std::size_t>(k) * out;
-      for (int c = full; c < out; ++c) {
-        y[c] += x[k] * w[c];
-      }
+  for (; k < in; ++k) {
+    const float* w = Wt + static_cast<std::size_t>(k) * out;
+    for (int c = 0; c < out; ++c) {
+      y[c] += x[k] * w[c];
     }
   }
 }
