@@ -122,7 +122,8 @@ KVSIFT_HOST_DEVICE inline std::uint32_t descending_key(float x) {
   return ~ordered;
 }
 
-KVSIFT_HOST_DEVICE inline float neg_inf() { return -std::numeric_limits<float>::infinity(); }
+// -inf from its bits: numeric_limits is host-only constexpr under nvcc without relaxed constexpr.
+KVSIFT_HOST_DEVICE inline float neg_inf() { return kvsift::detail::bits_float(0xff800000u); }
 
 // Carves typed arrays out of one caller buffer, each aligned to 256 bytes (CUDA's allocation
 // alignment), so `bytes` computed by a dry run equals what a real run consumes.
