@@ -135,12 +135,13 @@ struct row {
   std::vector<int> layer_budgets;
 };
 
-row evaluate(const trace& tr, const std::string& name, int budget, std::int64_t full_bytes) {
+row evaluate(const trace& tr, const std::string& name, int budget, double fraction,
+             std::int64_t full_bytes) {
   const auto& sh = tr.shape;
   const int d = sh.head_dim;
   const int steps = tr.tokens - tr.prompt;
   store::dense<float> st(sh, 1, tr.tokens);
-  auto m = make_method(name, st, budget);
+  auto m = make_method(name, st, budget, fraction);
   for (int l = 0; l < sh.layers; ++l) {
     prefill_chunk<float> c{
         0, kv_view<const float>::contiguous(tr.k(l, 0), tr.prompt, sh.kv_heads, d),
@@ -219,7 +220,7 @@ int eval_trace(const std::vector<std::string>& args) {
               "attn recall", "ms/step");
   std::vector<row> rows;
   for (const auto& name : methods) {
-    rows.push_back(evaluate(tr, name, budget, full_bytes));
+    rows.push_back(evaluate(tr, name, budget, fraction, full_bytes));
     const auto& r = rows.back();
     std::printf("%-14s %8d %10.1f%% %11.4f %11.4f %9.3f\n", r.method.c_str(), r.budget,
                 r.resident_pct, r.rel_error, r.recall, r.ms_per_step);

@@ -15,12 +15,18 @@ struct par_t {
 };
 inline constexpr par_t par{};
 
-// Runs f(i) for i in [0, n), in parallel over OpenMP threads when available. Iterations must
-// be independent (they are: one segment each).
+// Below this much work (elements touched in all) a parallel region costs more than it saves,
+// notably in decode steps, where waking threads every step would dominate.
+inline constexpr std::int64_t parallel_threshold = std::int64_t{1} << 18;
+
+// Runs f(i) for i in [0, n), in parallel over OpenMP threads when available and worth it:
+// `work_per_item` estimates the elements each iteration touches. Iterations must be
+// independent (they are: one segment each).
 template <class F>
-void parallel_for(std::int64_t n, F&& f, par_t policy = par) {
+void parallel_for(std::int64_t n, F&& f, par_t policy = par,
+                  std::int64_t work_per_item = parallel_threshold) {
 #if KVSIFT_HAS_OPENMP()
-  if (n > 1) {
+  if (n > 1 && n * work_per_item >= parallel_threshold) {
     const int threads = policy.threads > 0 ? policy.threads : 0;
     if (threads > 0) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)

@@ -6,6 +6,8 @@
 // The compositions themselves stay compile-time; only this thin layer is virtual.
 
 #include <kvsift/method/baselines.hpp>
+#include <kvsift/method/dynamickv.hpp>
+#include <kvsift/method/lagkv.hpp>
 #include <kvsift/method/method.hpp>
 
 #include <memory>
@@ -62,13 +64,16 @@ class erased_method final : public any_method<typename M::store_type> {
 
 // The names make_method knows, in the order tables list them.
 inline std::vector<std::string> method_names() {
-  return {"full_kv", "streaming_llm", "h2o", "snapkv", "pyramidkv", "quest"};
+  return {"full_kv", "streaming_llm", "h2o", "snapkv", "pyramidkv", "quest", "lagkv", "dynamickv"};
 }
 
 // The named method `name` with its paper defaults for a budget of `budget` tokens per
-// head-sequence. Throws kvsift::error for an unknown name or an invalid budget.
+// head-sequence. LagKV has no token budget: it keeps a fraction of each lag partition, taken
+// from `keep_fraction` (default: its paper's 0.5). Throws kvsift::error for an unknown name or an
+// invalid budget.
 template <KvStore Store>
-std::unique_ptr<any_method<Store>> make_method(std::string_view name, Store& store, int budget) {
+std::unique_ptr<any_method<Store>> make_method(std::string_view name, Store& store, int budget,
+                                               double keep_fraction = 0.5) {
   const auto make = [&]<class M>(typename M::params p) -> std::unique_ptr<any_method<Store>> {
     return std::make_unique<erased_method<M>>(std::string(name), store, p);
   };
@@ -83,6 +88,12 @@ std::unique_ptr<any_method<Store>> make_method(std::string_view name, Store& sto
     return make.template operator()<pyramidkv<Store>>(pyramidkv_params<Store>(budget));
   }
   if (name == "quest") return make.template operator()<quest<Store>>(quest_params<Store>(budget));
+  if (name == "lagkv") {
+    return make.template operator()<lagkv<Store>>(lagkv_params<Store>(16, 128, keep_fraction));
+  }
+  if (name == "dynamickv") {
+    return make.template operator()<dynamickv<Store>>(dynamickv_params<Store>(budget));
+  }
   std::string known;
   for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
   throw make_error("make_method", "name", name, "one of " + known);

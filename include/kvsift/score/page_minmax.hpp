@@ -7,19 +7,21 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
 #include <vector>
 
 namespace kvsift::cpu {
 
 // Per page and channel min and max of a head-sequence's keys: pages of `page_size` slots from
 // slot 0, the last one possibly partial. kmin, kmax: [pages, d].
+// Pages before `first_page` are left as they are (an incremental update after appends).
 template <class Store>
 void page_digest(const Store& store, std::int64_t seq, int page_size, std::span<float> kmin,
-                 std::span<float> kmax) {
+                 std::span<float> kmax, int first_page = 0) {
   const int n = store.length(seq);
   const int d = store.shape().head_dim;
   const int pages = (n + page_size - 1) / page_size;
-  for (int pg = 0; pg < pages; ++pg) {
+  for (int pg = first_page; pg < pages; ++pg) {
     float* mn = kmin.data() + static_cast<std::size_t>(pg) * d;
     float* mx = kmax.data() + static_cast<std::size_t>(pg) * d;
     std::fill(mn, mn + d, std::numeric_limits<float>::infinity());
@@ -61,25 +63,32 @@ struct page_minmax {
     gqa_reduce gqa = gqa_reduce::max;
   };
   params p{};
+
+  page_minmax() = default;
+  explicit page_minmax(params prm) : p(prm) {}
+
   [[nodiscard]] int query_window() const { return 1; }
   void validate(std::string_view where) const {
     require(p.page_size > 0, where, "page_size", p.page_size, "> 0");
   }
 
-  // One score per page for the newest query of each request.
+  // One score per page for the newest query of each request. Digests are cached per
+  // head-sequence and, while the store only appends, updated from the last cached page on
+  // (a decode step touches one page); after a compaction they are recomputed.
   template <class Store>
   void score(const score_input<Store>& in, score_sets& out) const {
     const model_shape& sh = in.store->shape();
     const int ps = p.page_size;
     layout_scores(in, out,
                   [&](int s) { return (in.store->length(in.sequence(s)) + ps - 1) / ps; });
+    for (int s = 0; s < in.segments(); ++s) refresh_digest(*in.store, in.sequence(s));
     const int G = sh.group_size();
     cpu::parallel_for(in.segments(), [&](std::int64_t s) {
       const int pages = out.size(static_cast<int>(s));
       std::vector<float> rows(static_cast<std::size_t>(G) * pages);
       group_bounds(in, static_cast<int>(s), rows);
       cpu::reduce_group(rows, G, out[static_cast<int>(s)], p.gqa);
-    });
+    }, cpu::par, static_cast<std::int64_t>(out.values.size()) / std::max(1, in.segments()) * G * sh.head_dim);
   }
 
   // Quest's per-query-head option: no GQA reduction, one segment per query head (request-major,
@@ -96,6 +105,7 @@ struct page_minmax {
       sizes[i] = (in.store->length(in.sequence(s)) + ps - 1) / ps;
     }
     out.resize(sizes);
+    for (int s = 0; s < in.segments(); ++s) refresh_digest(*in.store, in.sequence(s));
     cpu::parallel_for(in.segments(), [&](std::int64_t s) {
       const int pages = sizes[static_cast<std::size_t>(s) * G];
       std::span<float> rows(out.values.data() + out.offsets[static_cast<std::size_t>(s) * G],
@@ -105,6 +115,30 @@ struct page_minmax {
   }
 
  private:
+  struct digest {
+    std::vector<float> kmin, kmax;  // [pages, d]
+    int length = 0;                 // tokens the digest covers
+    std::int32_t last_position = -1;
+  };
+
+  // Brings the cached digest of `seq` up to the store's current tokens (serially, before any
+  // parallel read of the cache).
+  template <class Store>
+  void refresh_digest(const Store& store, std::int64_t seq) const {
+    const int n = store.length(seq);
+    const int d = store.shape().head_dim;
+    const int pages = (n + p.page_size - 1) / p.page_size;
+    digest& dg = digests_[seq];
+    const bool appended_only = dg.length > 0 && dg.length <= n &&
+                               store.position(seq, dg.length - 1) == dg.last_position;
+    const int first_page = appended_only ? dg.length / p.page_size : 0;
+    dg.kmin.resize(static_cast<std::size_t>(pages) * d);
+    dg.kmax.resize(dg.kmin.size());
+    cpu::page_digest(store, seq, p.page_size, dg.kmin, dg.kmax, first_page);
+    dg.length = n;
+    dg.last_position = n > 0 ? store.position(seq, n - 1) : -1;
+  }
+
   // rows [G, pages]: the bounds of segment s's pages for each query head of its group.
   template <class Store>
   void group_bounds(const score_input<Store>& in, int s, std::span<float> rows) const {
@@ -115,17 +149,20 @@ struct page_minmax {
     const int h = s % sh.kv_heads;
     const auto seq = in.sequence(s);
     const int pages = (in.store->length(seq) + p.page_size - 1) / p.page_size;
-    std::vector<float> kmin(static_cast<std::size_t>(pages) * d), kmax(kmin.size());
-    cpu::page_digest(*in.store, seq, p.page_size, kmin, kmax);
+    const digest& dg = digests_.at(seq);
+    const float* kmin = dg.kmin.data();
+    const float* kmax = dg.kmax.data();
     const auto& q = in.queries[r];
     for (int g = 0; g < G; ++g) {
       const float* qv = q.row(q.tokens - 1, h * G + g);
       for (int pg = 0; pg < pages; ++pg) {
         rows[static_cast<std::size_t>(g) * pages + pg] =
-            cpu::page_bound(qv, kmin.data() + pg * d, kmax.data() + pg * d, d);
+            cpu::page_bound(qv, kmin + pg * d, kmax + pg * d, d);
       }
     }
   }
+
+  mutable std::unordered_map<std::int64_t, digest> digests_;  // per head-sequence
 };
 static_assert(Scorer<page_minmax>);
 

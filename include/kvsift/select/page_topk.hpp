@@ -59,7 +59,7 @@ struct page_topk {
       cpu::topk_range(scores[s], 0, P - 1, static_cast<int>(out.size()) - 1, picked);
       picked.push_back(P - 1);
       std::copy(picked.begin(), picked.end(), out.begin());
-    });
+    }, cpu::par, static_cast<std::int64_t>(scores.values.size()) / std::max(1, scores.segments()));
   }
 };
 static_assert(Selector<page_topk>);

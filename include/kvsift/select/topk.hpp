@@ -79,7 +79,7 @@ struct topk {
       cpu::topk_range(scores[s], p.sink, n - w, b - p.sink - w, picked);
       for (int j = n - w; j < n; ++j) picked.push_back(j);
       std::copy(picked.begin(), picked.end(), out.begin());
-    });
+    }, cpu::par, static_cast<std::int64_t>(scores.values.size()) / std::max(1, scores.segments()));
   }
 };
 static_assert(Selector<topk>);
