@@ -482,6 +482,21 @@ TEST_CASE("dynamickv: a reused request slot starts a fresh prompt", "[dynamickv]
   CHECK(m.budgeter_state().history(0).size() == 1);
 }
 
+TEST_CASE("dynamickv: prompts no longer than the budget are kept whole, also below the window",
+          "[dynamickv][method]") {
+  const int n = GENERATE(1, 5, 8, 20, 24);  // budget 24, window 8
+  CAPTURE(n);
+  const model_shape sh{6, 4, 2, 8};
+  const auto pr = make_prompt(sh, n, 71);
+  store_t st(sh, 1, 32);
+  kvsift::dynamickv<store_t> m(st, kvsift::dynamickv_params<store_t>(24));
+  for (int l = 0; l < sh.layers; ++l) prefill_layer(m, sh, 0, l, pr);
+  CHECK(st.resident_tokens() == static_cast<long long>(n) * sh.layers * sh.kv_heads);
+  CHECK(m.stats().layer_budgets == std::vector<int>(6, n));  // kept count, window included
+  CHECK(m.budgeter_state().past_budgets(0) == std::vector<int>(6, std::max(n - 8, 0)));
+  CHECK(m.budgeter_state().history(0).empty());
+}
+
 static_assert(kvsift::Budgeter<kvsift::budget::dynamic_layer>);
 static_assert(kvsift::detail::progressive_budgeter<kvsift::budget::dynamic_layer>);
 static_assert(!kvsift::detail::progressive_budgeter<kvsift::budget::pyramid>);
