@@ -575,7 +575,8 @@ TEST_CASE("README: composing a method from components", "[laws][example]") {
   using view = kvsift::kv_view<const kvsift::half, kvsift::nhd>;
   m.prefill(/*layer=*/0, {.request = 0,
                           .keys = view::contiguous(keys.data(), 1000, 2, 64),
-                          .values = view::contiguous(values.data(), 1000, 2, 64)});
+                          .values = view::contiguous(values.data(), 1000, 2, 64),
+                          .queries = {}});  // key_norm needs no queries
 
   REQUIRE(store.length(0, 0, 0) == 250);  // floor(0.25 * 1000) tokens per KV head
   REQUIRE(m.stats().resident_bytes == 2 * 250 * 2 * 64 * sizeof(kvsift::half));

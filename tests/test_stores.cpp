@@ -206,7 +206,7 @@ TEMPLATE_TEST_CASE("stores: chunked append, retain and memory release", "[store]
   if constexpr (M::paged) {
     REQUIRE(s.resident_bytes() >= expected_bytes(s));
     REQUIRE(s.resident_bytes() ==
-            static_cast<std::int64_t>(s.used_pages()) * s.page_size() * 2 * d * sizeof(T));
+            static_cast<std::int64_t>(s.used_pages()) * s.page_size() * 2 * d * static_cast<std::int64_t>(sizeof(T)));
   } else {
     REQUIRE(s.resident_bytes() == expected_bytes(s));
   }
