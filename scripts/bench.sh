@@ -7,7 +7,7 @@
 #
 #   --quick      the quick subset (under 3 minutes on 2 idle cores): one Llama-3.1-8B layer, 4K and
 #                32K tokens, f32 and bf16, budget 1024, 1 request, plus a few batch (4 requests) and
-#                head_dim 64 (Llama-3.2-1B) points; H2O (O(n^2) prefill) at 1K and 4K (bf16).
+#                head_dim 64 (Llama-3.2-1B) points; H2O (O(n^2 d) prefill) at 1K and 2K only.
 #   --out DIR    output directory (default build/bench-results)
 #   --build DIR  build directory (default: build/release, reused if present)
 # Without --quick the full sweep runs (4K..128K, both models, budgets 1024/4096, 1 and 4
@@ -55,8 +55,8 @@ if [[ ${quick} -eq 1 ]]; then
     "^BM_score/cumulative_attention/${m}/n1024/r1/"
     "^BM_(prefill|decode)/(full_kv|lagkv|streaming_llm|snapkv|pyramidkv|quest|dynamickv)/${m}/n(4096|32768)/(B1024/)?r1/"
     '^BM_(prefill|decode)/h2o/llama31_8b/(f32|bf16)/n1024/B256/r1/'
-    '^BM_(prefill|decode)/h2o/llama31_8b/bf16/n4096/B1024/r1/'
-    '^BM_(score/(key_norm|page_minmax|lag)|attention/attend_plan|decode/(full_kv|streaming_llm|snapkv|quest|lagkv))/llama31_8b/bf16/n4096/(B1024/)?r4/'
+    '^BM_(prefill|decode)/h2o/llama31_8b/bf16/n2048/B256/r1/'
+    '^BM_(score/(key_norm|page_minmax|lag)|attention/attend_plan|decode/(full_kv|streaming_llm|snapkv|quest|lagkv|dynamickv))/llama31_8b/bf16/n4096/(B1024/)?r4/'
     '^BM_(score/key_norm|decode/(full_kv|quest))/llama32_1b/bf16/n32768/(B1024/)?r1/'
   )
   filter="$(IFS='|'; echo "${parts[*]}")"
