@@ -377,10 +377,15 @@ class method {
     }
     std::vector<int> batch;
     for (const auto& t : tokens) {
+      // A scorer reading every query (H2O, window -1) follows decode through observe(): keeping
+      // each decode query too would grow a buffer by q_heads * d floats per step, unused.
       if constexpr (Scorer_::needs_queries) {
-        remember_queries(t.request, layer,
-                         kv_view<const float, nhd>::contiguous(t.query, 1, sh.q_heads, sh.head_dim),
-                         store_->next_position(t.request, layer) - 1);
+        if (scorer_.query_window() > 0) {
+          remember_queries(
+              t.request, layer,
+              kv_view<const float, nhd>::contiguous(t.query, 1, sh.q_heads, sh.head_dim),
+              store_->next_position(t.request, layer) - 1);
+        }
       }
       batch.push_back(t.request);
     }
