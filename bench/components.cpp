@@ -14,6 +14,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace kvbench {
@@ -69,11 +70,11 @@ void bm_score(benchmark::State& st, const model& m, int n, int r, int query_rows
               typename Scorer::params prm, reads what = reads::keys) {
   auto& fx = layer_of<T>(m, n, r);
   const query_set qs(m, query_rows, n, r);
-  Scorer sc{prm};
   score_sets out;
   kvsift::score_input<kvsift::store::dense<T>> in{&fx.store, 0, kvsift::lifecycle_event::prefill_end,
                                                   fx.requests, qs.views, qs.first_position, {}};
   for (auto _ : st) {
+    Scorer sc{prm};  // cold: a scorer that caches (Quest's digests) recomputes them every iteration
     sc.score(in, out);
     benchmark::DoNotOptimize(out.values.data());
   }
@@ -85,6 +86,36 @@ void bm_score(benchmark::State& st, const model& m, int n, int r, int query_rows
   report(st, bytes, static_cast<double>(n) * r);
 }
 
+
+// ---- probe: what the memory-bound scorers could reach ---------------------------------------
+// Not a library component: key_norm's loop with the channel sum reassociated (`omp simd`
+// reduction, i.e. several accumulators), to show the headroom docs/performance.md talks about.
+template <class T>
+void bm_probe_key_norm_simd(benchmark::State& st, const model& m, int n, int r) {
+  auto& fx = layer_of<T>(m, n, r);
+  const int d = m.head_dim;
+  std::vector<float> out(static_cast<std::size_t>(n) * r * m.kv_heads);
+  for (auto _ : st) {
+    kvsift::cpu::parallel_for(static_cast<std::int64_t>(r) * m.kv_heads, [&](std::int64_t s) {
+      const auto seq = fx.store.shape().sequence(static_cast<int>(s) / m.kv_heads, 0,
+                                                 static_cast<int>(s) % m.kv_heads);
+      float* o = out.data() + s * n;
+      for (int j = 0; j < n; ++j) {
+        const T* k = fx.store.key(seq, j);
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int c = 0; c < d; ++c) {
+          const float x = kvsift::to_float(k[c]);
+          acc += x * x;
+        }
+        o[j] = -std::sqrt(acc);
+      }
+    });
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double rows = static_cast<double>(n) * r * m.kv_heads;
+  report(st, rows * (m.head_dim * sizeof(T) + sizeof(float)), static_cast<double>(n) * r);
+}
 
 // ---- attention over a kept set ----------------------------------------------------------------
 // Bytes: the kept keys and values read once.
@@ -294,6 +325,8 @@ void register_typed(const model& m, int n, int r) {
       [=](benchmark::State& st) { bm_score<recency, T>(st, *mp, n, r, 0, {}, reads::positions); });
   add(name_of("score", "page_minmax", m, dt, n, 0, r),
       [=](benchmark::State& st) { bm_score<page_minmax, T>(st, *mp, n, r, 1, {}); });
+  add(name_of("probe", "key_norm_simd", m, dt, n, 0, r),
+      [=](benchmark::State& st) { bm_probe_key_norm_simd<T>(st, *mp, n, r); });
 #if KVBENCH_HAS_LAG
   add(name_of("score", "lag", m, dt, n, 0, r),
       [=](benchmark::State& st) { bm_score<lag_relative, T>(st, *mp, n, r, 0, {}, reads::kv); });

@@ -119,7 +119,7 @@ def main(argv):
                   f"{(r['tps'] or 0) / 1e3:.1f}k | {bw_cell(r['bw'])} |")
         print()
 
-    order = ["score", "select", "budget", "store", "transfer", "attention"]
+    order = ["score", "select", "budget", "store", "transfer", "attention", "probe"]
     comps = sorted((r for r in parsed if r["family"] in order),
                    key=lambda r: (order.index(r["family"]),) + key(r))
     if comps:

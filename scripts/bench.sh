@@ -50,7 +50,7 @@ if [[ ${quick} -eq 1 ]]; then
   m='llama31_8b/[a-z0-9]+'
   parts=(
     '^BM_bandwidth_reference'
-    "^BM_(score/(window_attention|last_query_attention|key_norm|recency|page_minmax|lag)|attention/attend_plan|select/[a-z_]+|budget/[a-z_]+|transfer/[a-z_]+|store/(dense|paged)_(append|retain_roll|gather))/${m}/n(4096|32768)/(B[0-9]+/)?r1/"
+    "^BM_(score/(window_attention|last_query_attention|key_norm|recency|page_minmax|lag)|probe/[a-z_]+|attention/attend_plan|select/[a-z_]+|budget/[a-z_]+|transfer/[a-z_]+|store/(dense|paged)_(append|retain_roll|gather))/${m}/n(4096|32768)/(B[0-9]+/)?r1/"
     "^BM_store/(dense|paged)_retain_compress/${m}/n4096/B1024/r1/"
     "^BM_score/cumulative_attention/${m}/n1024/r1/"
     "^BM_(prefill|decode)/(full_kv|lagkv|streaming_llm|snapkv|pyramidkv|quest|dynamickv)/${m}/n(4096|32768)/(B1024/)?r1/"
