@@ -46,8 +46,8 @@ inline constexpr model llama32_1b{"llama32_1b", 16, 32, 8, 64};   // Llama-3.2-1
 // pass. Set by BM_bandwidth_reference (registered first); measured lazily if it was filtered out.
 double bandwidth_reference();
 void set_bandwidth_reference(double bytes_per_second);
-// One timed pass over `a` (seconds).
-double streaming_read_pass(const float* a, std::size_t n, double* sink);
+// One timed pass over `a` (seconds) with `threads` OpenMP threads (0: all).
+double streaming_read_pass(const float* a, std::size_t n, double* sink, int threads);
 std::vector<float> make_bandwidth_array();
 
 // Sets bytes_per_second, tokens_per_second and bw_fraction from per-iteration amounts.

@@ -82,7 +82,9 @@ def main(argv):
         raw = ref[0]["raw"]
         print(f"- bandwidth reference (BM_bandwidth_reference: sum over a 256 MB float array, "
               f"{int(raw.get('threads', 0))} OpenMP threads, best pass): "
-              f"**{raw.get('best_bytes_per_second', 0) / 1e9:.2f} GB/s**")
+              f"**{raw.get('best_bytes_per_second', 0) / 1e9:.2f} GB/s** (all threads "
+              f"{raw.get('all_threads_bytes_per_second', 0) / 1e9:.2f}, one thread "
+              f"{raw.get('one_thread_bytes_per_second', 0) / 1e9:.2f}; the best of the two)")
     else:
         print("- bandwidth reference: measured lazily (BM_bandwidth_reference filtered out)")
     print("- bw_fraction = bytes/s of the benchmark / the reference; bytes = the minimal traffic "
