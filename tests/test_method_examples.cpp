@@ -8,6 +8,7 @@
 #include <kvsift/method/any_method.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cstdint>
 #include <map>
@@ -110,15 +111,15 @@ TEST_CASE("streaming_llm: a budget below the sinks is an error once it must evic
   const view five = view::contiguous(k.data(), 5, 1, 4);
   REQUIRE_THROWS_AS(m.prefill(0, {.request = 0, .keys = five, .values = five, .queries = {}}), kvsift::error);
   REQUIRE(store.length(0, 0, 0) == 0);  // nothing appended
-  // a prompt that fits the budget passes; the first decode step that overflows it throws
+  // a prompt that fits the budget passes (SPEC: B < S is an error only when n > B); the first
+  // decode step that would overflow it throws before its token is appended
   const view two = view::contiguous(k.data(), 2, 1, 4);
   m.prefill(0, {.request = 0, .keys = two, .values = two, .queries = {}});
   const kvsift::decode_token<float> tok{0, nullptr, k.data(), k.data()};
   m.decode(0, tok);
   m.after_attention(0, tok);  // 3 tokens: fits
-  m.decode(0, tok);
-  REQUIRE_THROWS_AS(m.after_attention(0, tok), kvsift::error);  // 4 > 3 and 3 < sink 4
-  REQUIRE(store.length(0, 0, 0) == 4);  // the step's token was appended, nothing evicted
+  REQUIRE_THROWS_AS(m.decode(0, tok), kvsift::error);  // 4 > 3 and 3 < sink 4
+  REQUIRE(store.length(0, 0, 0) == 3);  // the step's token was not appended
 }
 
 TEST_CASE("h2o: usage example", "[method][example][h2o]") {

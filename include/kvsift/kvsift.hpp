@@ -26,6 +26,7 @@
 #include <kvsift/score/page_minmax.hpp>
 #include <kvsift/score/simple.hpp>
 #include <kvsift/score/window_attention.hpp>
+#include <kvsift/select/keep_all.hpp>
 #include <kvsift/select/page_topk.hpp>
 #include <kvsift/select/topk.hpp>
 #include <kvsift/store/dense.hpp>

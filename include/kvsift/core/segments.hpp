@@ -36,8 +36,7 @@ struct segmented {
   }
   // Lays out segments of the given sizes (values value-initialised) in one allocation.
   void resize(std::span<const int> sizes) {
-    offsets.resize(sizes.size() + 1);
-    offsets[0] = 0;
+    offsets.assign(sizes.size() + 1, 0);
     for (std::size_t s = 0; s < sizes.size(); ++s) {
       offsets[s + 1] = offsets[s] + sizes[s];
     }

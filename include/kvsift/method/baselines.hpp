@@ -12,6 +12,7 @@
 #include <kvsift/score/page_minmax.hpp>
 #include <kvsift/score/simple.hpp>
 #include <kvsift/score/window_attention.hpp>
+#include <kvsift/select/keep_all.hpp>
 #include <kvsift/select/page_topk.hpp>
 #include <kvsift/select/topk.hpp>
 #include <kvsift/transfer/basic.hpp>
@@ -23,7 +24,7 @@ namespace kvsift {
 
 // full_kv — keeps everything: the reference every method is measured against.
 template <KvStore Store>
-using full_kv = method<Store, score::recency, select::topk, budget::uniform, transfer::none,
+using full_kv = method<Store, score::recency, select::keep_all, budget::uniform, transfer::none,
                        trigger::never>;
 template <KvStore Store>
 typename full_kv<Store>::params full_kv_params() {

@@ -173,9 +173,12 @@ class method {
     int dense_layers = 0;  // layers [0, dense_layers) are never compressed nor sparsified
   };
 
+  // A selector that declares `keeps_everything` (full KV) makes every round a no-op: none runs.
+  static constexpr bool compresses = !requires { requires Selector_::keeps_everything; };
+
   static constexpr capabilities caps{
-      .changes_physical_length = !page_level_selection,
-      .safe_with_shared_prefix = page_level_selection,
+      .changes_physical_length = compresses && !page_level_selection,
+      .safe_with_shared_prefix = !compresses || page_level_selection,
       .needs_queries = Scorer_::needs_queries,
       .cuda_graph_safe = false,
       .speculative_decoding = false,
@@ -282,9 +285,15 @@ class method {
       }
       (c.last ? ended : between).push_back(c.request);
     }
-    if (layer < p_.dense_layers || page_level_selection) return;
-    compress(layer, between, lifecycle_event::prefill_chunk);
-    compress(layer, ended, lifecycle_event::prefill_end);
+    if (compresses && layer >= p_.dense_layers && !page_level_selection) {
+      compress(layer, between, lifecycle_event::prefill_chunk);
+      compress(layer, ended, lifecycle_event::prefill_end);
+    }
+    // The prompt's queries have served its round (H2O buffers all of them, as large as the
+    // uncompressed cache): free them; decode-time scoring uses decode queries.
+    for (const int r : ended) {
+      std::vector<float>().swap(queries_[slot(r, layer)]);
+    }
   }
   void prefill(int layer, const prefill_chunk<element_type>& chunk) {
     prefill(layer, std::span<const prefill_chunk<element_type>>(&chunk, 1));
@@ -306,6 +315,7 @@ class method {
       require(store_->length(seq) < store_->capacity(seq), where, "request", t.request,
               "a head-sequence with room for one more token");
     }
+    check_budgets_after_step(layer, tokens);
     plan_.requests.clear();
     for (const auto& t : tokens) {
       const auto pos = store_->next_position(t.request, layer);
@@ -487,6 +497,42 @@ class method {
       score_sets sizes_only;
       sizes_only.resize(lengths);
       selector_.check(sizes_only, budgets);
+    }
+  }
+
+  // The same check before a decode step's token is appended, for the requests whose trigger will
+  // fire after it (a rolling StreamingLLM window whose budget cannot hold its sinks, say): the
+  // error comes before the step, never from after_attention with the token already appended.
+  void check_budgets_after_step(int layer,
+                                std::span<const decode_token<element_type>> tokens) const {
+    if constexpr (compresses && !page_level_selection &&
+                  requires(const score_sets& s, std::span<const int> b) { selector_.check(s, b); }) {
+      if (layer < p_.dense_layers) return;
+      const auto& sh = store_->shape();
+      std::vector<int> lengths;
+      for (const auto& t : tokens) {
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          lengths.push_back(store_->length(sh.sequence(t.request, layer, h)) + 1);
+        }
+      }
+      std::vector<int> budgets;
+      budgeter_.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
+      std::vector<int> firing_lengths, firing_budgets;
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          const auto s = i * sh.kv_heads + h;
+          const trigger_context ctx{lifecycle_event::decode_step,
+                                    steps_[slot(tokens[i].request, layer)] + 1, lengths[s],
+                                    frozen_[sh.sequence(tokens[i].request, layer, h)], budgets[s]};
+          if (trigger_.fires(ctx)) {
+            firing_lengths.push_back(lengths[s]);
+            firing_budgets.push_back(budgets[s]);
+          }
+        }
+      }
+      score_sets sizes_only;
+      sizes_only.resize(firing_lengths);
+      selector_.check(sizes_only, firing_budgets);
     }
   }
 
