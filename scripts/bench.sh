@@ -9,7 +9,8 @@
 #                32K tokens, f32 and bf16, budget 1024, 1 request, plus a few batch (4 requests) and
 #                head_dim 64 (Llama-3.2-1B) points; H2O (O(n^2 d) prefill) at 1K and 2K only.
 #   --out DIR    output directory (default build/bench-results)
-#   --build DIR  build directory (default: build/release, reused if present)
+#   --build DIR  build directory (default: build/release if it is configured, else build/bench
+#                configured with tests and examples off)
 # Without --quick the full sweep runs (4K..128K, both models, budgets 1024/4096, 1 and 4
 # requests): hours on 2 cores.
 set -euo pipefail
@@ -17,7 +18,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 quick=0
 out="${root}/build/bench-results"
-build="${root}/build/release"
+build=""
 min_time=""
 extra=()
 while [[ $# -gt 0 ]]; do
@@ -27,7 +28,7 @@ while [[ $# -gt 0 ]]; do
     --build) build="$2"; shift ;;
     --min-time) min_time="$2"; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '3,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '3,15p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -36,9 +37,18 @@ done
 py=/usr/bin/python3  # Debian's interpreter (stdlib only), not the python3 first on PATH
 jobs="${KVSIFT_JOBS:-2}"
 
-# Configure once (or reuse a configured tree) with benchmarks on, in Release.
+# Reuse a configured tree (build/release by default), else configure build/bench for the benchmark
+# alone (no Catch2 or nlohmann-json needed). Benchmarks on, Release.
+if [[ -z "${build}" ]]; then
+  if [[ -f "${root}/build/release/CMakeCache.txt" ]]; then
+    build="${root}/build/release"
+  else
+    build="${root}/build/bench"
+  fi
+fi
 if [[ ! -f "${build}/CMakeCache.txt" ]]; then
-  cmake -S "${root}" -B "${build}" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_BUILD_BENCHMARKS=ON
+  cmake -S "${root}" -B "${build}" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_BUILD_BENCHMARKS=ON \
+    -DKVSIFT_BUILD_TESTS=OFF -DKVSIFT_BUILD_EXAMPLES=OFF -DKVSIFT_ENABLE_THRUST=OFF
 else
   cmake -S "${root}" -B "${build}" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_BUILD_BENCHMARKS=ON >/dev/null
 fi
