@@ -1,12 +1,629 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvsift eval: placeholder until the example engine is wired in.
+// kvsift eval: a real model end to end. Each evaluation prompt (JSONL as in shared/eval) is
+// prefilled by the example engine under full attention, its KV handed to a kvsift method
+// (examples/engine/kvsift_cache.hpp), and len(answer) bytes are decoded greedily through the
+// method's cache, the library's attention reading the method's plan. Scoring follows the
+// tiny-recall README: exact match (passkey, chain) and chain hop accuracy.
+//
+// The engine's prefill forward pass does not depend on the cache (it runs full causal attention
+// itself and then hands K/V/Q to the cache), so it runs once per prompt: its K/V/Q are kept and
+// replayed into each method's cache (cache.start + cache.prefill per layer, exactly the calls
+// generate_greedy makes), then decoding runs per method. "prefill s" is that forward pass plus
+// the method's own prefill work (its compression round).
+//
+//   kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]
+//               [--budgets 0.25,0.5] [--json] [--plot FILE.svg] [--limit N]
+//               [--kernel library|engine]
+// Defaults: data/tiny-recall, data/eval/{passkey,chain}.jsonl, every method, budget 0.25.
+
 #include "commands.hpp"
 
+#include "engine/eval_harness.hpp"
+#include "engine/kvsift_cache.hpp"
+#include "engine/llama.hpp"
+
+#include <kvsift/core/error.hpp>
+#include <kvsift/method/any_method.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#ifndef KVSIFT_SOURCE_DIR
+#define KVSIFT_SOURCE_DIR "."
+#endif
 
 namespace kvsift::cli {
-int eval(const std::vector<std::string>&) {
-  std::fprintf(stderr, "kvsift eval: not available in this build\n");
-  return 2;
+namespace {
+
+namespace ex = kvsift::examples;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
+
+// `path` as given if it exists, else relative to the source tree (so the defaults work from any
+// directory), else as given (the loader reports it).
+std::string resolve(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::exists(path)) return path;
+  const fs::path p(path);
+  if (p.is_relative()) {
+    const fs::path in_tree = fs::path(KVSIFT_SOURCE_DIR) / p;
+    if (fs::exists(in_tree)) return in_tree.string();
+  }
+  return path;
+}
+
+// Records the prompt's per-layer K/V/Q during the engine's prefill, to replay into each cache.
+class prefill_capture : public ex::kv_cache {
+ public:
+  void start(const ex::cache_shape& s) override {
+    shape = s;
+    k.assign(static_cast<std::size_t>(s.num_layers), {});
+    v.assign(static_cast<std::size_t>(s.num_layers), {});
+    q.assign(static_cast<std::size_t>(s.num_layers), {});
+  }
+  void prefill(int layer, int, std::span<const float> k_rot, std::span<const float> vv,
+               std::span<const float> q_rot) override {
+    const auto l = static_cast<std::size_t>(layer);
+    k[l].assign(k_rot.begin(), k_rot.end());
+    v[l].assign(vv.begin(), vv.end());
+    q[l].assign(q_rot.begin(), q_rot.end());
+  }
+  void decode(int, std::span<const float>, std::span<const float>, std::span<const float>, int,
+              std::span<float>) override {
+    throw make_error("kvsift eval", "prefill_capture", "decode", "prefill only");
+  }
+  [[nodiscard]] std::int64_t kept_tokens(int, int) const override { return 0; }
+
+  ex::cache_shape shape;
+  std::vector<std::vector<float>> k, v, q;  // [layers][n * heads * d]
+};
+
+// One (method, budget) configuration and its results.
+struct config {
+  std::string method;
+  double budget = 0.0;
+  std::unique_ptr<ex::kvsift_cache> cache;
+  std::vector<ex::eval_result> results;
+  std::vector<double> resident;  // per prompt: resident KV bytes at the end / full-KV bytes
+  std::vector<double> read;      // per prompt: KV tokens attention read / a full cache's
+  std::vector<int> budget_tokens;
+  std::vector<std::vector<int>> layer_budgets;  // per prompt: the last budget of each layer
+  std::string error;  // set when the method could not run (e.g. budget below its window)
+};
+
+// Greedy decoding of one prompt through `cache`, from a captured prefill: the same calls and
+// tokens as llama_model::generate_greedy.
+ex::eval_result run_one(const ex::llama_model& model, const ex::eval_item& item,
+                        const prefill_capture& cap, const std::vector<float>& prefill_logits,
+                        double forward_seconds, ex::kvsift_cache& cache) {
+  const int n = cap.shape.prompt_len;
+  const int n_new = static_cast<int>(item.answer.size());
+  const auto t0 = clock_type::now();
+  cache.start(cap.shape);
+  for (int l = 0; l < cap.shape.num_layers; ++l) {
+    const auto L = static_cast<std::size_t>(l);
+    cache.prefill(l, n, cap.k[L], cap.v[L], cap.q[L]);
+  }
+  const double method_prefill = seconds_since(t0);
+  const auto t1 = clock_type::now();
+  std::vector<int> out;
+  std::vector<float> logits = prefill_logits;
+  int position = n;
+  for (int s = 0; s < n_new; ++s) {
+    const int next = ex::llama_model::argmax(logits);
+    out.push_back(next);
+    if (s + 1 < n_new) logits = model.decode(next, position++, cache);
+  }
+  const double decode_seconds = seconds_since(t1);
+
+  ex::eval_result r;
+  r.id = item.id;
+  r.task = item.task;
+  r.context_len = item.context_len;
+  r.prompt_len = n;
+  r.answer = item.answer;
+  r.output = ex::byte_detokenize(out);
+  r.exact = r.output == r.answer;
+  if (item.task == "chain") {
+    r.hops_total = static_cast<int>(ex::chain_hops(item.answer).size());
+    r.hops_right = ex::hop_count(item.answer, r.output);
+  }
+  r.prefill_seconds = forward_seconds + method_prefill;
+  r.decode_seconds = decode_seconds;
+  r.decode_steps = std::max(0, n_new - 1);
+  return r;
+}
+
+// Progress on stderr: a redrawn bar on a terminal, a line every few runs otherwise (CI logs).
+class progress {
+ public:
+  explicit progress(int total) : total_(total), tty_(::isatty(2) != 0), t0_(clock_type::now()) {}
+  void update(int done, const std::string& what) {
+    const double el = seconds_since(t0_);
+    const double left = done > 0 ? el / done * (total_ - done) : 0.0;
+    char eta[32];
+    std::snprintf(eta, sizeof eta, "%dm%02ds", static_cast<int>(left) / 60,
+                  static_cast<int>(left) % 60);
+    if (tty_) {
+      constexpr int width = 30;
+      const int fill = total_ > 0 ? width * done / total_ : width;
+      std::string bar(static_cast<std::size_t>(fill), '=');
+      bar.resize(width, ' ');
+      std::fprintf(stderr, "\r[%s] %d/%d  %-40.40s  %s left   ", bar.c_str(), done, total_,
+                   what.c_str(), eta);
+      if (done == total_) std::fputc('\n', stderr);
+    } else if (done == total_ || done - last_ >= std::max(8, total_ / 20)) {
+      std::fprintf(stderr, "kvsift eval: %d/%d runs (%.0f s, ~%s left) %s\n", done, total_, el,
+                   eta, what.c_str());
+      last_ = done;
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  int total_;
+  bool tty_;
+  int last_ = 0;
+  clock_type::time_point t0_;
+};
+
+struct task_numbers {
+  int n = 0;
+  double exact = 0.0, hops = 0.0;
+};
+
+// Accuracy of one configuration for a task, at one context length (0 = all).
+task_numbers numbers(const config& c, const std::string& task, int context) {
+  task_numbers t;
+  for (const auto& r : c.results) {
+    if (r.task != task || (context != 0 && r.context_len != context)) continue;
+    ++t.n;
+    t.exact += r.exact ? 1.0 : 0.0;
+    t.hops += r.hops_total ? static_cast<double>(r.hops_right) / r.hops_total : 0.0;
+  }
+  if (t.n) {
+    t.exact /= t.n;
+    t.hops /= t.n;
+  }
+  return t;
+}
+
+double mean(const std::vector<double>& xs) {
+  double s = 0.0;
+  for (double x : xs) s += x;
+  return xs.empty() ? 0.0 : s / static_cast<double>(xs.size());
+}
+
+double tokens_per_second(const config& c) {
+  double s = 0.0;
+  long steps = 0;
+  for (const auto& r : c.results) {
+    s += r.decode_seconds;
+    steps += r.decode_steps;
+  }
+  return s > 0.0 ? static_cast<double>(steps) / s : 0.0;
+}
+
+double mean_prefill(const config& c) {
+  double s = 0.0;
+  for (const auto& r : c.results) s += r.prefill_seconds;
+  return c.results.empty() ? 0.0 : s / static_cast<double>(c.results.size());
+}
+
+std::string pct(double x, bool have) {
+  if (!have) return "-";
+  char b[16];
+  std::snprintf(b, sizeof b, "%.0f%%", 100.0 * x);
+  return b;
+}
+
+std::string budget_label(double b) {
+  char s[16];
+  std::snprintf(s, sizeof s, "%g", b);
+  return s;
+}
+
+void print_tables(const std::vector<config>& configs, const std::vector<int>& contexts,
+                  const std::map<std::string, int>& task_counts) {
+  std::string counts;
+  for (const char* first : {"passkey", "chain"}) {
+    if (task_counts.count(first)) counts += (counts.empty() ? "" : ", ") + std::string(first) +
+                                            " " + std::to_string(task_counts.at(first));
+  }
+  for (const auto& [task, n] : task_counts) {
+    if (task != "passkey" && task != "chain") counts += ", " + task + " " + std::to_string(n);
+  }
+  std::printf("prompts: %s; greedy decoding, exact match; budget = fraction of the prompt kept "
+              "per KV head\n\n",
+              counts.c_str());
+  std::printf("%-14s %6s %8s %6s %8s %6s %6s %8s %9s\n", "method", "budget", "KV res.",
+              "read", "passkey", "chain", "hops", "tok/s", "prefill s");
+  for (const auto& c : configs) {
+    if (!c.error.empty()) {
+      std::printf("%-14s %6s  not run: %s\n", c.method.c_str(), budget_label(c.budget).c_str(),
+                  c.error.c_str());
+      continue;
+    }
+    const auto pk = numbers(c, "passkey", 0);
+    const auto ch = numbers(c, "chain", 0);
+    std::printf("%-14s %6s %8s %6s %8s %6s %6s %8.1f %9.3f\n", c.method.c_str(),
+                budget_label(c.budget).c_str(), pct(mean(c.resident), true).c_str(),
+                pct(mean(c.read), true).c_str(), pct(pk.exact, pk.n > 0).c_str(),
+                pct(ch.exact, ch.n > 0).c_str(), pct(ch.hops, ch.n > 0).c_str(),
+                tokens_per_second(c), mean_prefill(c));
+  }
+  if (contexts.size() < 2) return;
+  std::printf("\nby context length (bytes of prompt + answer):\n");
+  std::string head = "method         budget |";
+  std::string sub = "                      |";
+  const char* groups[] = {"passkey", "chain", "hops"};
+  for (const char* g : groups) {
+    std::string h = std::string(" ") + g;
+    const std::size_t w = contexts.size() * 6;
+    h.resize(w, ' ');
+    head += h + " |";
+    for (int ctx : contexts) {
+      char b[16];
+      std::snprintf(b, sizeof b, "%6d", ctx);
+      sub += b;
+    }
+    sub += " |";
+  }
+  std::printf("%s\n%s\n", head.c_str(), sub.c_str());
+  for (const auto& c : configs) {
+    if (!c.error.empty()) continue;
+    std::printf("%-14s %6s |", c.method.c_str(), budget_label(c.budget).c_str());
+    for (int g = 0; g < 3; ++g) {
+      for (int ctx : contexts) {
+        const auto t = numbers(c, g == 0 ? "passkey" : "chain", ctx);
+        std::printf("%6s", pct(g == 2 ? t.hops : t.exact, t.n > 0).c_str());
+      }
+      std::printf(" |");
+    }
+    std::printf("\n");
+  }
+  std::printf("\nKV res.: device-resident KV bytes at the end of a prompt / a full cache's, "
+              "mean over prompts; read: KV tokens a decode step's attention reads / a full "
+              "cache's; hops: chain hops right before the first wrong one; tok/s: decode steps "
+              "per second (greedy, batch 1); prefill s: the engine's forward pass + the "
+              "method's prefill, per prompt.\n");
+}
+
+nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_name,
+                       const std::vector<std::string>& files,
+                       const std::vector<config>& configs, const std::vector<int>& contexts) {
+  nlohmann::json j;
+  j["model"] = model_dir;
+  j["prompts"] = files;
+  j["kernel"] = kernel_name;
+  j["runs"] = nlohmann::json::array();
+  for (const auto& c : configs) {
+    nlohmann::json r;
+    r["method"] = c.method;
+    r["budget"] = c.budget;
+    if (!c.error.empty()) {
+      r["error"] = c.error;
+      j["runs"].push_back(r);
+      continue;
+    }
+    r["resident_kv"] = mean(c.resident);
+    r["read_kv"] = mean(c.read);
+    r["decode_tokens_per_s"] = tokens_per_second(c);
+    r["prefill_s"] = mean_prefill(c);
+    for (const char* task : {"passkey", "chain"}) {
+      const auto all = numbers(c, task, 0);
+      if (all.n == 0) continue;
+      nlohmann::json t;
+      t["n"] = all.n;
+      t["exact"] = all.exact;
+      if (std::string(task) == "chain") t["hops"] = all.hops;
+      for (int ctx : contexts) {
+        const auto x = numbers(c, task, ctx);
+        if (x.n == 0) continue;
+        nlohmann::json b{{"n", x.n}, {"exact", x.exact}};
+        if (std::string(task) == "chain") b["hops"] = x.hops;
+        t["by_context"][std::to_string(ctx)] = b;
+      }
+      r[task] = t;
+    }
+    r["items"] = nlohmann::json::array();
+    for (std::size_t i = 0; i < c.results.size(); ++i) {
+      const auto& x = c.results[i];
+      nlohmann::json it{{"id", x.id},           {"task", x.task},
+                        {"context_len", x.context_len}, {"prompt_len", x.prompt_len},
+                        {"budget_tokens", c.budget_tokens[i]},
+                        {"layer_budgets", c.layer_budgets[i]},
+                        {"answer", x.answer},   {"output", x.output},
+                        {"exact", x.exact},     {"resident_kv", c.resident[i]},
+                        {"prefill_s", x.prefill_seconds}, {"decode_s", x.decode_seconds}};
+      if (x.task == "chain") it["hops_right"] = x.hops_right;
+      r["items"].push_back(it);
+    }
+    j["runs"].push_back(r);
+  }
+  return j;
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    if (ch == '<') o += "&lt;";
+    else if (ch == '>') o += "&gt;";
+    else if (ch == '&') o += "&amp;";
+    else o += ch;
+  }
+  return o;
+}
+
+// Accuracy vs budget per method, one panel per metric; hand-written SVG.
+std::string svg_chart(const std::vector<config>& configs) {
+  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  struct panel {
+    const char* title;
+    const char* task;
+    bool hops;
+  };
+  const panel panels[] = {{"passkey exact", "passkey", false},
+                          {"chain exact", "chain", false},
+                          {"chain hops", "chain", true}};
+  const int pw = 300, ph = 260, ml = 50, mt = 40, gap = 30, legend_w = 150;
+  const int width = ml + 3 * pw + 2 * gap + 20 + legend_w;
+  const int height = mt + ph + 60;
+  std::vector<std::string> methods;
+  for (const auto& c : configs) {
+    if (c.error.empty() && std::find(methods.begin(), methods.end(), c.method) == methods.end()) {
+      methods.push_back(c.method);
+    }
+  }
+  char b[512];
+  std::string s;
+  std::snprintf(b, sizeof b,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n"
+                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+                "<text x=\"%d\" y=\"20\" font-size=\"15\">kvsift eval: accuracy vs budget "
+                "(fraction of the prompt kept per KV head)</text>\n",
+                width, height, width, height, ml);
+  s += b;
+  for (int p = 0; p < 3; ++p) {
+    const int x0 = ml + p * (pw + gap);
+    const int y0 = mt;
+    auto X = [&](double budget) { return x0 + budget * pw; };
+    auto Y = [&](double acc) { return y0 + (1.0 - acc) * ph; };
+    std::snprintf(b, sizeof b,
+                  "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-weight=\"bold\">%s</text>\n"
+                  "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+                  "stroke=\"#444\"/>\n",
+                  x0 + pw / 2, y0 - 6, panels[p].title, x0, y0, pw, ph);
+    s += b;
+    for (int i = 0; i <= 4; ++i) {
+      const double v = i / 4.0;
+      std::snprintf(b, sizeof b,
+                    "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n"
+                    "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%d%%</text>\n"
+                    "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/>\n"
+                    "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n",
+                    x0, Y(v), x0 + pw, Y(v), x0 - 4, Y(v) + 4, i * 25, X(v), y0, X(v), y0 + ph,
+                    X(v), y0 + ph + 16, v);
+      s += b;
+    }
+    std::snprintf(b, sizeof b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">budget</text>\n",
+                  x0 + pw / 2, y0 + ph + 34);
+    s += b;
+    for (std::size_t m = 0; m < methods.size(); ++m) {
+      const char* color = colors[m % 10];
+      std::vector<std::pair<double, double>> pts;
+      for (const auto& c : configs) {
+        if (c.method != methods[m] || !c.error.empty()) continue;
+        const auto t = numbers(c, panels[p].task, 0);
+        if (t.n == 0) continue;
+        pts.emplace_back(c.budget, panels[p].hops ? t.hops : t.exact);
+      }
+      std::sort(pts.begin(), pts.end());
+      if (pts.size() > 1) {
+        s += "<polyline fill=\"none\" stroke=\"" + std::string(color) +
+             "\" stroke-width=\"2\" points=\"";
+        for (const auto& [x, y] : pts) {
+          std::snprintf(b, sizeof b, "%.1f,%.1f ", X(x), Y(y));
+          s += b;
+        }
+        s += "\"/>\n";
+      }
+      for (const auto& [x, y] : pts) {
+        std::snprintf(b, sizeof b,
+                      "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>%s %g: "
+                      "%.0f%%</title></circle>\n",
+                      X(x), Y(y), color, xml_escape(methods[m]).c_str(), x, 100 * y);
+        s += b;
+      }
+    }
+  }
+  const int lx = ml + 3 * pw + 2 * gap + 20;
+  for (std::size_t m = 0; m < methods.size(); ++m) {
+    const int ly = mt + 10 + static_cast<int>(m) * 20;
+    std::snprintf(b, sizeof b,
+                  "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
+                  "stroke-width=\"3\"/>\n<text x=\"%d\" y=\"%d\">%s</text>\n",
+                  lx, ly, lx + 20, ly, colors[m % 10], lx + 26, ly + 4,
+                  xml_escape(methods[m]).c_str());
+    s += b;
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+double parse_budget(const std::string& s) {
+  std::size_t used = 0;
+  double b = -1.0;
+  try {
+    b = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  require(used == s.size() && b > 0.0 && b <= 1.0, "kvsift eval", "--budgets", s,
+          "fractions in (0, 1], comma-separated");
+  return b;
+}
+
+int parse_limit(const std::string& s) {
+  std::size_t used = 0;
+  long v = -1;
+  try {
+    v = std::stol(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  require(used == s.size() && v >= 0, "kvsift eval", "--limit", s,
+          "a number of prompts per file (0 = all)");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+int eval(const std::vector<std::string>& args) {
+  if (flag(args, "--help") || flag(args, "-h")) {
+    std::puts(
+        "usage: kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]\n"
+        "                   [--budgets 0.25,0.5] [--json] [--plot FILE.svg] [--limit N]\n"
+        "                   [--kernel library|engine]\n"
+        "  defaults: --model data/tiny-recall, --prompts data/eval/passkey.jsonl,\n"
+        "  data/eval/chain.jsonl (relative paths also resolve against the source tree), every\n"
+        "  method, budget 0.25 (fraction of the prompt kept per KV head), all prompts, the\n"
+        "  library's attention over each plan (--kernel engine: the engine's attend_decode).");
+    return 0;
+  }
+  static const std::set<std::string> known = {"--model", "--prompts", "--methods", "--budgets",
+                                              "--json",  "--plot",    "--limit",   "--kernel"};
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    require(known.count(args[i]) > 0, "kvsift eval", "argument", args[i],
+            "one of --model --prompts --methods --budgets --json --plot --limit --kernel");
+    if (args[i] != "--json") {
+      require(i + 1 < args.size(), "kvsift eval", args[i], "missing", "a value");
+      ++i;
+    }
+  }
+  const std::string model_dir = resolve(option(args, "--model", "data/tiny-recall"));
+  std::vector<std::string> files;
+  for (const auto& f :
+       split_list(option(args, "--prompts", "data/eval/passkey.jsonl,data/eval/chain.jsonl"))) {
+    files.push_back(resolve(f));
+  }
+  std::vector<std::string> methods = split_list(option(args, "--methods", ""));
+  if (methods.empty()) methods = method_names();
+  std::vector<double> budgets;
+  for (const auto& b : split_list(option(args, "--budgets", "0.25"))) {
+    budgets.push_back(parse_budget(b));
+  }
+  require(!budgets.empty() && !files.empty(), "kvsift eval", "--budgets/--prompts", "empty",
+          "at least one value");
+  const int limit = parse_limit(option(args, "--limit", "0"));
+  const bool json = flag(args, "--json");
+  const std::string plot = option(args, "--plot", "");
+  const std::string kernel_name = option(args, "--kernel", "library");
+  require(kernel_name == "library" || kernel_name == "engine", "kvsift eval", "--kernel",
+          kernel_name, "library (kvsift's attention over the plan) or engine (attend_decode)");
+  const auto kernel =
+      kernel_name == "engine" ? ex::attention_kernel::engine : ex::attention_kernel::library;
+
+  const auto model = ex::llama_model::load(model_dir);
+  std::vector<ex::eval_item> items;
+  std::map<std::string, int> task_counts;
+  std::set<int> context_set;
+  for (const auto& f : files) {
+    auto part = ex::load_eval_jsonl(f);
+    if (limit > 0 && static_cast<int>(part.size()) > limit) part.resize(static_cast<std::size_t>(limit));
+    for (auto& it : part) {
+      ++task_counts[it.task];
+      context_set.insert(it.context_len);
+      items.push_back(std::move(it));
+    }
+  }
+  require(!items.empty(), "kvsift eval", "--prompts", option(args, "--prompts", ""),
+          "files with at least one prompt");
+  const std::vector<int> contexts(context_set.begin(), context_set.end());
+
+  std::vector<config> configs;
+  for (const auto& m : methods) {
+    for (double b : budgets) {
+      config c;
+      c.method = m;
+      c.budget = b;
+      c.cache = std::make_unique<ex::kvsift_cache>(m, b);  // throws for an unknown name
+      c.cache->set_attention_kernel(kernel);
+      configs.push_back(std::move(c));
+    }
+  }
+
+  const int total = static_cast<int>(items.size() * configs.size());
+  std::fprintf(stderr, "kvsift eval: %s, %zu prompts x %zu methods x %zu budgets\n",
+               model_dir.c_str(), items.size(), methods.size(), budgets.size());
+  progress bar(total);
+  const auto& cfg = model.config();
+  const std::int64_t row_bytes =
+      static_cast<std::int64_t>(cfg.num_layers) * cfg.num_kv_heads * cfg.head_dim * 2 *
+      static_cast<std::int64_t>(sizeof(float));
+  int done = 0;
+  prefill_capture cap;
+  for (const auto& item : items) {
+    const auto ids = ex::byte_tokenize(item.prompt);
+    const int n_new = static_cast<int>(item.answer.size());
+    const auto t0 = clock_type::now();
+    const std::vector<float> logits = model.prefill(ids, cap, n_new);
+    const double forward = seconds_since(t0);
+    for (auto& c : configs) {
+      ++done;
+      if (c.error.empty()) {
+        try {
+          c.results.push_back(run_one(model, item, cap, logits, forward, *c.cache));
+          const auto& r = c.results.back();
+          const std::int64_t full = static_cast<std::int64_t>(r.prompt_len + r.decode_steps) * row_bytes;
+          c.resident.push_back(static_cast<double>(c.cache->stats().resident_bytes) /
+                               static_cast<double>(full));
+          c.read.push_back(c.cache->full_attended_tokens() > 0
+                               ? static_cast<double>(c.cache->attended_tokens()) /
+                                     static_cast<double>(c.cache->full_attended_tokens())
+                               : 1.0);
+          c.budget_tokens.push_back(c.cache->budget_tokens());
+          c.layer_budgets.push_back(c.cache->stats().layer_budgets);
+        } catch (const kvsift::error& e) {
+          c.error = e.what();
+          if (c.results.size() > c.resident.size()) c.results.pop_back();
+          std::fprintf(stderr, "\nkvsift eval: %s at %g not run: %s\n", c.method.c_str(),
+                       c.budget, e.what());
+        }
+      }
+      bar.update(done, c.method + " " + budget_label(c.budget) + " " + item.id);
+    }
+  }
+
+  if (json) {
+    std::printf("%s\n", to_json(model_dir, kernel_name, files, configs, contexts).dump(2).c_str());
+  } else {
+    print_tables(configs, contexts, task_counts);
+  }
+  if (!plot.empty()) {
+    std::ofstream out(plot, std::ios::trunc);
+    require(static_cast<bool>(out), "kvsift eval", "--plot", plot, "a writable file");
+    out << svg_chart(configs);
+    std::fprintf(stderr, "kvsift eval: wrote %s\n", plot.c_str());
+  }
+  return 0;
+}
+
 }  // namespace kvsift::cli
