@@ -39,6 +39,12 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
     positions_.resize(static_cast<std::size_t>(this->sequences()) * capacity_);
   }
 
+  // A store is a unique owner of (or view into) KV memory: it moves, it does not copy.
+  dense(const dense&) = delete;
+  dense& operator=(const dense&) = delete;
+  dense(dense&&) noexcept = default;
+  dense& operator=(dense&&) noexcept = default;
+
   [[nodiscard]] int capacity(std::int64_t = 0) const { return capacity_; }
 
  private:

@@ -21,17 +21,37 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
 
  public:
   paged(model_shape shape, int requests, int page_size, int total_pages)
+      : paged(shape, requests, page_size, total_pages, nullptr, nullptr) {}
+
+  // Wraps an engine-owned page pool without copying: keys and values
+  // [total_pages, page_size, d] each. The store allocates pages of that pool to head-sequences
+  // and returns them on compaction; the engine keeps ownership of the memory.
+  paged(model_shape shape, int requests, int page_size, int total_pages, T* keys, T* values)
       : base(shape, requests, "store::paged"), page_size_(page_size), total_pages_(total_pages) {
     require(page_size > 0, "store::paged", "page_size", page_size, "> 0");
     require(total_pages > 0, "store::paged", "total_pages", total_pages, "> 0");
+    require((keys == nullptr) == (values == nullptr), "store::paged", "keys/values",
+            keys == nullptr ? "null keys" : "null values", "both engine pools or neither");
     const std::size_t n = static_cast<std::size_t>(total_pages) * page_size * shape.head_dim;
-    keys_.resize(n);
-    values_.resize(n);
+    if (keys == nullptr) {
+      owned_keys_.resize(n);
+      owned_values_.resize(n);
+      keys = owned_keys_.data();
+      values = owned_values_.data();
+    }
+    keys_ = keys;
+    values_ = values;
     positions_.resize(static_cast<std::size_t>(total_pages) * page_size);
     pages_.resize(static_cast<std::size_t>(this->sequences()));
     free_.reserve(static_cast<std::size_t>(total_pages));
     for (int p = total_pages - 1; p >= 0; --p) free_.push_back(p);
   }
+
+  // A store is a unique owner of (or view into) KV memory: it moves, it does not copy.
+  paged(const paged&) = delete;
+  paged& operator=(const paged&) = delete;
+  paged(paged&&) noexcept = default;
+  paged& operator=(paged&&) noexcept = default;
 
   [[nodiscard]] int page_size() const { return page_size_; }
   [[nodiscard]] int free_pages() const { return static_cast<int>(free_.size()); }
@@ -66,18 +86,18 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
     return t;
   }
   // Page pool in the paged HND-per-head layout [pages, page_size, d].
-  [[nodiscard]] const T* key_pool() const { return keys_.data(); }
-  [[nodiscard]] const T* value_pool() const { return values_.data(); }
+  [[nodiscard]] const T* key_pool() const { return keys_; }
+  [[nodiscard]] const T* value_pool() const { return values_; }
 
  private:
   [[nodiscard]] std::int64_t flat(std::int64_t seq, int slot) const {
     return static_cast<std::int64_t>(pages_[seq][slot / page_size_]) * page_size_ + slot % page_size_;
   }
   [[nodiscard]] T* key_slot(std::int64_t seq, int slot) const {
-    return const_cast<T*>(keys_.data()) + flat(seq, slot) * this->shape_.head_dim;
+    return keys_ + flat(seq, slot) * this->shape_.head_dim;
   }
   [[nodiscard]] T* value_slot(std::int64_t seq, int slot) const {
-    return const_cast<T*>(values_.data()) + flat(seq, slot) * this->shape_.head_dim;
+    return values_ + flat(seq, slot) * this->shape_.head_dim;
   }
   [[nodiscard]] std::int32_t* position_slot(std::int64_t seq, int slot) const {
     return const_cast<std::int32_t*>(positions_.data()) + flat(seq, slot);
@@ -104,7 +124,9 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
 
   int page_size_ = 0;
   int total_pages_ = 0;
-  std::vector<T> keys_, values_;                    // [total_pages, page_size, d]
+  T* keys_ = nullptr;                               // [total_pages, page_size, d] (owned or the engine's)
+  T* values_ = nullptr;
+  std::vector<T> owned_keys_, owned_values_;
   std::vector<std::int32_t> positions_;             // [total_pages, page_size]
   std::vector<std::vector<std::int32_t>> pages_;    // per head-sequence: its pages, in order
   std::vector<std::int32_t> free_;                  // free page ids (stack)
