@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -153,6 +154,7 @@ ex::eval_result run_one(const ex::llama_model& model, const ex::eval_item& item,
 class progress {
  public:
   explicit progress(int total) : total_(total), tty_(::isatty(2) != 0), t0_(clock_type::now()) {}
+  [[nodiscard]] bool tty() const { return tty_; }
   void update(int done, const std::string& what) {
     const double el = seconds_since(t0_);
     const double left = done > 0 ? el / done * (total_ - done) : 0.0;
@@ -297,11 +299,24 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
     }
     std::printf("\n");
   }
-  std::printf("\nKV res.: device-resident KV bytes at the end of a prompt / a full cache's, "
-              "mean over prompts; read: KV tokens a decode step's attention reads / a full "
-              "cache's; hops: chain hops right before the first wrong one; tok/s: decode steps "
-              "per second (greedy, batch 1); prefill s: the engine's forward pass + the "
-              "method's prefill, per prompt.\n");
+  std::printf(
+      "\nKV res.: device-resident KV bytes at the end of a prompt / a full cache's (mean over\n"
+      "prompts); read: KV tokens a decode step's attention reads / a full cache's; hops: chain\n"
+      "hops right before the first wrong one; tok/s: decode steps per second (batch 1);\n"
+      "prefill s: the engine's forward pass + the method's prefill work, per prompt.\n");
+}
+
+// Per-layer budgets of a prompt; null for a layer without a token budget (full_kv, LagKV).
+nlohmann::json layer_budgets_json(const std::vector<int>& b) {
+  nlohmann::json j = nlohmann::json::array();
+  for (int x : b) {
+    if (x < 0 || x == std::numeric_limits<int>::max()) {
+      j.push_back(nullptr);
+    } else {
+      j.push_back(x);
+    }
+  }
+  return j;
 }
 
 nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_name,
@@ -347,7 +362,7 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
       nlohmann::json it{{"id", x.id},           {"task", x.task},
                         {"context_len", x.context_len}, {"prompt_len", x.prompt_len},
                         {"budget_tokens", c.budget_tokens[i]},
-                        {"layer_budgets", c.layer_budgets[i]},
+                        {"layer_budgets", layer_budgets_json(c.layer_budgets[i])},
                         {"answer", x.answer},   {"output", x.output},
                         {"exact", x.exact},     {"resident_kv", c.resident[i]},
                         {"prefill_s", x.prefill_seconds}, {"decode_s", x.decode_seconds}};
@@ -382,7 +397,7 @@ std::string svg_chart(const std::vector<config>& configs) {
   const panel panels[] = {{"passkey exact", "passkey", false},
                           {"chain exact", "chain", false},
                           {"chain hops", "chain", true}};
-  const int pw = 300, ph = 260, ml = 50, mt = 40, gap = 30, legend_w = 150;
+  const int pw = 300, ph = 260, ml = 50, mt = 60, gap = 60, legend_w = 150;
   const int width = ml + 3 * pw + 2 * gap + 20 + legend_w;
   const int height = mt + ph + 60;
   std::vector<std::string> methods;
@@ -410,7 +425,7 @@ std::string svg_chart(const std::vector<config>& configs) {
                   "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-weight=\"bold\">%s</text>\n"
                   "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
                   "stroke=\"#444\"/>\n",
-                  x0 + pw / 2, y0 - 6, panels[p].title, x0, y0, pw, ph);
+                  x0 + pw / 2, y0 - 8, panels[p].title, x0, y0, pw, ph);
     s += b;
     for (int i = 0; i <= 4; ++i) {
       const double v = i / 4.0;
@@ -580,13 +595,17 @@ int eval(const std::vector<std::string>& args) {
       static_cast<std::int64_t>(sizeof(float));
   int done = 0;
   prefill_capture cap;
-  for (const auto& item : items) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto& item = items[i];
     const auto ids = ex::byte_tokenize(item.prompt);
     const int n_new = static_cast<int>(item.answer.size());
     const auto t0 = clock_type::now();
     const std::vector<float> logits = model.prefill(ids, cap, n_new);
     const double forward = seconds_since(t0);
-    for (auto& c : configs) {
+    // The configuration right after the forward pass decodes on colder caches: rotate which one
+    // goes first, so timings stay comparable.
+    for (std::size_t k = 0; k < configs.size(); ++k) {
+      auto& c = configs[(i + k) % configs.size()];
       ++done;
       if (c.error.empty()) {
         try {
@@ -604,8 +623,8 @@ int eval(const std::vector<std::string>& args) {
         } catch (const kvsift::error& e) {
           c.error = e.what();
           if (c.results.size() > c.resident.size()) c.results.pop_back();
-          std::fprintf(stderr, "\nkvsift eval: %s at %g not run: %s\n", c.method.c_str(),
-                       c.budget, e.what());
+          std::fprintf(stderr, "%skvsift eval: %s at %g not run: %s\n", bar.tty() ? "\n" : "",
+                       c.method.c_str(), c.budget, e.what());
         }
       }
       bar.update(done, c.method + " " + budget_label(c.budget) + " " + item.id);
