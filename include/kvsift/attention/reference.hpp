@@ -39,23 +39,44 @@ void attend_row(const float* q, int d, int count, KeyAt&& key, ValueAt&& value, 
   }
 }
 
-// Decode attention of one request's step over a plan: q [q_heads, d], plan = one ascending slot
-// set per KV head (segments in head order), out [q_heads, d].
+// Decode attention of one request's step over a plan: q [q_heads, d]; the plan holds one
+// ascending slot set per KV head, segments first_segment .. first_segment + kv_heads - 1 (a
+// batch's plan holds every request's heads in turn); out [q_heads, d]. Each KV row is read once
+// for the whole GQA group; KV heads run in parallel when the plan is large.
 template <class Store>
 void attend_plan(const Store& store, int request, int layer, const float* q,
-                 const index_sets& plan, float* out) {
+                 const index_sets& plan, float* out, int first_segment = 0) {
   const model_shape& sh = store.shape();
   const int G = sh.group_size();
   const int d = sh.head_dim;
-  for (int hq = 0; hq < sh.q_heads; ++hq) {
-    const int h = hq / G;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const std::int64_t work = static_cast<std::int64_t>(plan.size(first_segment)) * d * (G + 1);
+  cpu::parallel_for(sh.kv_heads, [&](std::int64_t h64) {
+    const int h = static_cast<int>(h64);
     const auto seq = sh.sequence(request, layer, h);
-    const auto slots = plan[h];
-    attend_row(
-        q + static_cast<std::size_t>(hq) * d, d, static_cast<int>(slots.size()),
-        [&](int i) { return store.key(seq, slots[i]); },
-        [&](int i) { return store.value(seq, slots[i]); }, out + static_cast<std::size_t>(hq) * d);
-  }
+    const auto slots = plan[first_segment + h];
+    const std::size_t m = slots.size();
+    thread_local std::vector<float> logits;
+    logits.resize(static_cast<std::size_t>(G) * m);
+    const float* qg = q + static_cast<std::size_t>(h) * G * d;
+    for (std::size_t j = 0; j < m; ++j) {
+      const auto* k = store.key(seq, slots[j]);
+      for (int g = 0; g < G; ++g) logits[g * m + j] = kvsift::dot(qg + g * d, k, d) * scale;
+    }
+    float* og = out + static_cast<std::size_t>(h) * G * d;
+    for (int g = 0; g < G; ++g) {
+      cpu::softmax(std::span<float>(logits.data() + g * m, m));
+      for (int c = 0; c < d; ++c) og[g * d + c] = 0.0f;
+    }
+    for (std::size_t j = 0; j < m; ++j) {
+      const auto* v = store.value(seq, slots[j]);
+      for (int g = 0; g < G; ++g) {
+        const float w = logits[g * m + j];
+        float* o = og + g * d;
+        for (int c = 0; c < d; ++c) o[c] += w * to_float(v[c]);
+      }
+    }
+  }, cpu::par, work);
 }
 
 // Causal attention over dense views: queries [nq, q_heads, d] at positions

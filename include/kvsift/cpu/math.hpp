@@ -4,6 +4,7 @@
 // Small numeric kernels shared by the CPU models: dot products over d channels, softmax,
 // pooling along tokens, GQA reductions, and the real-to-integer rule of METHODS.md.
 
+#include <kvsift/core/dot.hpp>
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
 
@@ -43,13 +44,10 @@ inline std::int64_t count_floor(double x) {
 
 namespace kvsift::cpu {
 
+// q . k over d channels, in the fixed order of core/dot.hpp (shared with the Thrust backend).
 template <Element T>
 inline float dot(const float* q, const T* k, int d) {
-  float acc = 0.0f;
-  for (int c = 0; c < d; ++c) {
-    acc += q[c] * to_float(k[c]);
-  }
-  return acc;
+  return kvsift::dot(q, k, d);
 }
 
 // In-place softmax with the row max subtracted; an empty row is left alone.

@@ -363,12 +363,9 @@ class method {
   void attend(int layer, std::span<const decode_token<element_type>> tokens, float* out) const {
     const auto& sh = store_->shape();
     for (std::size_t i = 0; i < tokens.size(); ++i) {
-      index_sets per_request;
-      for (int h = 0; h < sh.kv_heads; ++h) {
-        per_request.push_back(plan_.slots[static_cast<int>(i) * sh.kv_heads + h]);
-      }
-      attention::attend_plan(*store_, tokens[i].request, layer, tokens[i].query, per_request,
-                             out + i * static_cast<std::size_t>(sh.q_heads) * sh.head_dim);
+      attention::attend_plan(*store_, tokens[i].request, layer, tokens[i].query, plan_.slots,
+                             out + i * static_cast<std::size_t>(sh.q_heads) * sh.head_dim,
+                             static_cast<int>(i) * sh.kv_heads);
     }
   }
 

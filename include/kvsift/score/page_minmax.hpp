@@ -39,11 +39,7 @@ void page_digest(const Store& store, std::int64_t seq, int page_size, std::span<
 
 // Quest's upper bound of q . k over a page: sum_c max(q_c * kmax_c, q_c * kmin_c) (no scale).
 inline float page_bound(const float* q, const float* kmin, const float* kmax, int d) {
-  float acc = 0.0f;
-  for (int c = 0; c < d; ++c) {
-    acc += std::max(q[c] * kmax[c], q[c] * kmin[c]);
-  }
-  return acc;
+  return kvsift::page_bound(q, kmin, kmax, d);
 }
 
 }  // namespace kvsift::cpu

@@ -3,6 +3,7 @@
 
 // Scorers that need no queries: recency (StreamingLLM) and key norm.
 
+#include <kvsift/core/dot.hpp>
 #include <kvsift/cpu/math.hpp>
 #include <kvsift/cpu/parallel.hpp>
 #include <kvsift/score/context.hpp>
@@ -56,12 +57,7 @@ struct key_norm {
       auto seg = out[static_cast<int>(s)];
       for (std::size_t j = 0; j < seg.size(); ++j) {
         const auto* k = in.store->key(seq, static_cast<int>(j));
-        float acc = 0.0f;
-        for (int c = 0; c < d; ++c) {
-          const float x = to_float(k[c]);
-          acc += x * x;
-        }
-        seg[j] = -std::sqrt(acc);
+        seg[j] = -std::sqrt(squared_norm(k, d));
       }
     });
   }

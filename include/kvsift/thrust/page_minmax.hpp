@@ -8,6 +8,7 @@
 //   page_scores    sum_c max(q_c kmax_c, q_c kmin_c), GQA-reduced          one thread per page
 // No workspace.
 
+#include <kvsift/core/dot.hpp>
 #include <kvsift/thrust/math.hpp>
 
 #include <cstdint>
@@ -65,13 +66,7 @@ struct page_score_fn {
   KVSIFT_HOST_DEVICE float bound(const float* q, std::int64_t pg) const {
     const float* lo = kmin + pg * dim;
     const float* hi = kmax + pg * dim;
-    float acc = 0.0f;
-    for (int c = 0; c < dim; ++c) {
-      const float a = q[c] * hi[c];
-      const float b = q[c] * lo[c];
-      acc += a < b ? b : a;
-    }
-    return acc;
+    return kvsift::page_bound(q, lo, hi, dim);
   }
   KVSIFT_HOST_DEVICE void operator()(std::int64_t pg) const {
     const int s = segment_of(page_offsets, num_segments, pg);

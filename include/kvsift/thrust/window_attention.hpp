@@ -17,6 +17,7 @@
 // Workspace: G * window * N + 2 * G * N floats + S ints (N = total tokens), from
 // window_attention_workspace_bytes. Cost O(G * window * N * d).
 
+#include <kvsift/core/dot.hpp>
 #include <kvsift/thrust/math.hpp>
 
 #include <cmath>
@@ -108,11 +109,7 @@ struct logits_fn {
     }
     const float* qv = q.row(r, i, h * q.group + g, keys.dim);
     const T* k = keys.row(s, j);
-    float acc = 0.0f;  // cpu::dot order
-    for (int c = 0; c < keys.dim; ++c) {
-      acc += qv[c] * to_float(k[c]);
-    }
-    probs[e] = acc * scale;
+    probs[e] = kvsift::dot(qv, k, keys.dim) * scale;  // cpu::dot's order
   }
 };
 
