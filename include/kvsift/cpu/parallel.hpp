@@ -43,6 +43,7 @@ void parallel_for(std::int64_t n, F&& f, par_t policy = par,
   }
 #else
   (void)policy;
+  (void)work_per_item;
 #endif
   for (std::int64_t i = 0; i < n; ++i) {
     f(i);
