@@ -53,9 +53,11 @@ void usage() {
       "      runs every method at a budget (fraction of the prompt kept) over a KV trace\n"
       "      (default: a generated trace with a fixed seed) and prints resident KV %,\n"
       "      attention-output error vs full KV, attention-mass recall and time per step.\n"
-      "  eval --model DIR --prompts FILE.jsonl --methods m1,m2 --budgets 0.25,0.5\n"
-      "       [--json] [--plot FILE.svg] [--limit N]\n"
-      "      runs a real model's evaluation prompts with each method and budget.\n"
+      "  eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2] [--budgets 0.25,0.5]\n"
+      "       [--json] [--plot FILE.svg] [--limit N] [--kernel library|engine]\n"
+      "      runs a real model's evaluation prompts with each method and budget (defaults: the\n"
+      "      shipped data/tiny-recall model and data/eval prompts, every method, budget 0.25);\n"
+      "      `kvsift eval --help` lists the defaults.\n"
       "  help  this text");
 }
 
