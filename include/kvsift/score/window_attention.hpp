@@ -6,6 +6,7 @@
 #include <kvsift/score/context.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace kvsift::score {
@@ -47,22 +48,41 @@ struct window_attention {
       const int h = static_cast<int>(s) % sh.kv_heads;
       const auto seq = in.sequence(static_cast<int>(s));
       const auto& q = in.queries[r];
-      const int n = in.store->length(seq);
       const int nq = std::min(q.tokens, p.window);
       const std::int32_t first_q = in.query_position[r] + (q.tokens - nq);
       const int past = cpu::visible_slots(*in.store, seq, first_q - 1);
+      // Logits of every window query of the group against every key it may see, computed key
+      // block by key block so each key row is read from memory once, not once per query.
+      const int nrows = G * nq;
+      const int last_visible = cpu::visible_slots(*in.store, seq, in.query_position[r] + q.tokens - 1);
+      std::vector<float> logits(static_cast<std::size_t>(nrows) * last_visible);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
+      constexpr int block = 128;
+      for (int j0 = 0; j0 < last_visible; j0 += block) {
+        const int j1 = std::min(last_visible, j0 + block);
+        for (int row = 0; row < nrows; ++row) {
+          const float* qv = q.row(q.tokens - nq + row % nq, h * G + row / nq);
+          float* lg = logits.data() + static_cast<std::size_t>(row) * last_visible;
+          for (int j = j0; j < j1; ++j) {
+            lg[j] = kvsift::dot(qv, in.store->key(seq, j), sh.head_dim) * scale;
+          }
+        }
+      }
       std::vector<float> rows(static_cast<std::size_t>(G) * past, 0.0f);
-      std::vector<float> probs(static_cast<std::size_t>(n));
       std::vector<float> pooled(static_cast<std::size_t>(past));
       for (int g = 0; g < G; ++g) {
-        std::span<float> row(rows.data() + static_cast<std::size_t>(g) * past, past);
-        for (int i = q.tokens - nq; i < q.tokens; ++i) {
-          cpu::attention_row(*in.store, seq, q.row(i, h * G + g), in.query_position[r] + i, probs);
-          for (int j = 0; j < past; ++j) row[j] += probs[j];
+        std::span<float> acc(rows.data() + static_cast<std::size_t>(g) * past, past);
+        for (int i = 0; i < nq; ++i) {
+          const std::int32_t pos = in.query_position[r] + (q.tokens - nq) + i;
+          const int visible = cpu::visible_slots(*in.store, seq, pos);
+          std::span<float> probs(logits.data() + static_cast<std::size_t>(g * nq + i) * last_visible,
+                                 static_cast<std::size_t>(visible));
+          cpu::softmax(probs);
+          for (int j = 0; j < past; ++j) acc[j] += probs[j];
         }
-        for (float& x : row) x /= static_cast<float>(nq);
-        cpu::pool1d(row, pooled, p.kernel, p.pool);
-        std::copy(pooled.begin(), pooled.end(), row.begin());
+        for (float& x : acc) x /= static_cast<float>(nq);
+        cpu::pool1d(acc, pooled, p.kernel, p.pool);
+        std::copy(pooled.begin(), pooled.end(), acc.begin());
       }
       auto seg = out[static_cast<int>(s)];
       cpu::reduce_group(rows, G, seg.first(static_cast<std::size_t>(past)), p.gqa);
