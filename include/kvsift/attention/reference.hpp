@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace kvsift::attention {
@@ -56,24 +57,34 @@ void attend_plan(const Store& store, int request, int layer, const float* q,
     const auto seq = sh.sequence(request, layer, h);
     const auto slots = plan[first_segment + h];
     const std::size_t m = slots.size();
-    thread_local std::vector<float> logits;
+    thread_local std::vector<float> logits, row;
     logits.resize(static_cast<std::size_t>(G) * m);
+    row.resize(static_cast<std::size_t>(d));
+    // a KV row as floats: the row itself for float storage, else converted once for the group
+    const auto as_float = [&](const auto* x) -> const float* {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*x)>, float>) {
+        return x;
+      } else {
+        for (int c = 0; c < d; ++c) row[c] = to_float(x[c]);
+        return row.data();
+      }
+    };
     const float* qg = q + static_cast<std::size_t>(h) * G * d;
     for (std::size_t j = 0; j < m; ++j) {
-      const auto* k = store.key(seq, slots[j]);
+      const float* k = as_float(store.key(seq, slots[j]));
       for (int g = 0; g < G; ++g) logits[g * m + j] = kvsift::dot(qg + g * d, k, d) * scale;
     }
     float* og = out + static_cast<std::size_t>(h) * G * d;
     for (int g = 0; g < G; ++g) {
-      cpu::softmax(std::span<float>(logits.data() + g * m, m));
+      cpu::softmax_fast(std::span<float>(logits.data() + g * m, m));
       for (int c = 0; c < d; ++c) og[g * d + c] = 0.0f;
     }
     for (std::size_t j = 0; j < m; ++j) {
-      const auto* v = store.value(seq, slots[j]);
+      const float* v = as_float(store.value(seq, slots[j]));
       for (int g = 0; g < G; ++g) {
         const float w = logits[g * m + j];
         float* o = og + g * d;
-        for (int c = 0; c < d; ++c) o[c] += w * to_float(v[c]);
+        for (int c = 0; c < d; ++c) o[c] += w * v[c];
       }
     }
   }, cpu::par, work);
