@@ -460,6 +460,11 @@ class method {
       buf.clear();
     }
     if (q.tokens == 0) return;
+    if (keep > 0 && q.tokens > keep) {  // only the newest `keep` rows can matter: copy just those
+      buf.clear();
+      first += q.tokens - keep;
+      q = q.slice(q.tokens - keep, keep);
+    }
     const int have = static_cast<int>(buf.size() / row);
     if (have == 0) query_position_[slot(request, layer)] = first;
     for (int t = 0; t < q.tokens; ++t) {
