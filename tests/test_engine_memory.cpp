@@ -8,6 +8,7 @@
 #include <catch2/generators/catch_generators.hpp>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 namespace {
@@ -16,6 +17,14 @@ template <class Store>
 std::vector<std::int32_t> positions_of(const Store& s, int layer, int head) {
   std::vector<std::int32_t> out;
   const auto seq = s.shape().sequence(0, layer, head);
+  for (int j = 0; j < s.length(seq); ++j) out.push_back(s.position(seq, j));
+  return out;
+}
+
+template <class Store>
+std::vector<std::int32_t> positions_of_request(const Store& s, int request, int layer, int head) {
+  std::vector<std::int32_t> out;
+  const auto seq = s.shape().sequence(request, layer, head);
   for (int j = 0; j < s.length(seq); ++j) out.push_back(s.position(seq, j));
   return out;
 }
@@ -74,4 +83,49 @@ TEST_CASE("a paged store rejects half an engine pool", "[store][paged][bad_input
   REQUIRE_THROWS_AS(kvsift::store::paged<float>({.layers = 1, .q_heads = 1, .kv_heads = 1, .head_dim = 4},
                                                 1, 16, 16, k.data(), nullptr),
                     kvsift::error);
+}
+
+TEST_CASE("method.reset frees a request slot for a new prompt in a continuous batch",
+          "[method][reset]") {
+  using store_t = kvsift::store::dense<float>;
+  using view = kvsift::kv_view<const float, kvsift::nhd>;
+  const kvsift::model_shape shape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 8};
+  const auto name = GENERATE(std::string("lagkv"), std::string("h2o"), std::string("dynamickv"),
+                             std::string("streaming_llm"), std::string("snapkv"));
+  CAPTURE(name);
+  const auto prompt = [](int n, float phase) {
+    std::vector<float> x(static_cast<std::size_t>(n) * 4 * 8);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(phase + 0.37f * static_cast<float>(i));
+    return x;
+  };
+  const auto run = [&](kvsift::any_method<store_t>& m, int request, int n, float phase) {
+    const auto kv = prompt(n, phase);
+    const auto q = prompt(n, phase + 1.0f);
+    for (int l = 0; l < 2; ++l) {
+      const kvsift::prefill_chunk<float> c{request, view::contiguous(kv.data(), n, 2, 8),
+                                           view::contiguous(kv.data(), n, 2, 8),
+                                           kvsift::kv_view<const float>::contiguous(q.data(), n, 4, 8),
+                                           0, true};
+      m.prefill(l, std::span<const kvsift::prefill_chunk<float>>(&c, 1));
+      for (int t = 0; t < 3; ++t) {
+        const kvsift::decode_token<float> tok{request, q.data() + t * 32, kv.data() + t * 16,
+                                              kv.data() + t * 16};
+        m.decode(l, std::span<const kvsift::decode_token<float>>(&tok, 1));
+        m.after_attention(l, std::span<const kvsift::decode_token<float>>(&tok, 1));
+      }
+    }
+  };
+  store_t reused(shape, 2, 512), fresh(shape, 2, 512);
+  auto m = kvsift::make_method(name, reused, 64, 0.5);
+  auto f = kvsift::make_method(name, fresh, 64, 0.5);
+  run(*m, 1, 300, 0.0f);   // a first prompt in slot 1
+  m->reset(1);
+  REQUIRE(reused.length(1, 0, 0) == 0);
+  run(*m, 1, 200, 2.0f);   // a second, different prompt in the same slot
+  run(*f, 1, 200, 2.0f);   // the same prompt on a fresh method
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      REQUIRE(positions_of_request(reused, 1, l, h) == positions_of_request(fresh, 1, l, h));
+    }
+  }
 }

@@ -28,6 +28,7 @@ class any_method {
   virtual void attend(int layer, std::span<const decode_token<element_type>> tokens,
                       float* out) const = 0;
   virtual void after_attention(int layer, std::span<const decode_token<element_type>> tokens) = 0;
+  virtual void reset(int request) = 0;
   [[nodiscard]] virtual method_stats stats() const = 0;
   [[nodiscard]] virtual capabilities caps() const = 0;
   [[nodiscard]] virtual const std::string& name() const = 0;
@@ -52,6 +53,7 @@ class erased_method final : public any_method<typename M::store_type> {
   void after_attention(int layer, std::span<const decode_token<T>> tokens) override {
     m_.after_attention(layer, tokens);
   }
+  void reset(int request) override { m_.reset(request); }
   [[nodiscard]] method_stats stats() const override { return m_.stats(); }
   [[nodiscard]] capabilities caps() const override { return M::caps; }
   [[nodiscard]] const std::string& name() const override { return name_; }

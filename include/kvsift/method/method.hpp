@@ -402,6 +402,21 @@ class method {
     after_attention(layer, std::span<const decode_token<element_type>>(&token, 1));
   }
 
+  // Ends a request: drops its tokens from the store and its state from the method (decode
+  // steps, frozen prefixes, buffered queries, a budgeter's per-request state), so the slot can
+  // take a new prompt in a continuous batch.
+  void reset(int request) {
+    check_request("method.reset", request);
+    const auto& sh = store_->shape();
+    store_->reset(request);
+    for (int l = 0; l < sh.layers; ++l) {
+      steps_[slot(request, l)] = 0;
+      std::vector<float>().swap(queries_[slot(request, l)]);
+      for (int h = 0; h < sh.kv_heads; ++h) frozen_[sh.sequence(request, l, h)] = 0;
+    }
+    if constexpr (requires { budgeter_.reset(request); }) budgeter_.reset(request);
+  }
+
   // 5.
   [[nodiscard]] method_stats stats() const {
     method_stats s;
