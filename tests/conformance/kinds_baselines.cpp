@@ -30,13 +30,10 @@ using kvsift::model_shape;
 using kvsift::nhd;
 using store_t = kvsift::store::dense<float>;
 
-int dim(const kc::tensor& t, std::size_t i) { return static_cast<int>(t.dim(i)); }
-int param(const kc::case_data& c, const char* name) { return static_cast<int>(c.param_i(name)); }
+using kc::dim;
+using kc::head_major;
+using kc::param;
 
-// A [heads, tokens, d] array (the vectors' layout) as the token-major view the library takes.
-kv_view<const float, nhd> head_major(const float* data, int heads, int tokens, int d) {
-  return {data, tokens, heads, d, d, static_cast<std::int64_t>(tokens) * d};
-}
 
 // Query h of a [Hq, nq, d] tensor, or of layer l of a [L, Hq, nq, d] one.
 kv_view<const float, nhd> queries_of(const kc::tensor& q, int layer = 0) {

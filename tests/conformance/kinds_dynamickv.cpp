@@ -23,12 +23,10 @@ using kvsift::model_shape;
 using kvsift::nhd;
 using store_t = kvsift::store::dense<float>;
 
-int dim(const kc::tensor& t, std::size_t i) { return static_cast<int>(t.dim(i)); }
-int param(const kc::case_data& c, const char* name) { return static_cast<int>(c.param_i(name)); }
+using kc::dim;
+using kc::head_major;
+using kc::param;
 
-kv_view<const float, nhd> head_major(const float* data, int heads, int tokens, int d) {
-  return {data, tokens, heads, d, d, static_cast<std::int64_t>(tokens) * d};
-}
 
 void put_common(kc::outputs& out, int L, const std::vector<int>& past,
                 const std::vector<std::vector<int>>& history,

@@ -15,6 +15,8 @@
 // output. The runner compares them (SPEC §4); for `expect_error` cases it only checks that
 // the handler threw kvsift::error. Add the kind to tests/conformance/kinds.cmake so ctest runs it.
 
+#include <kvsift/core/view.hpp>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -82,5 +84,14 @@ using handler = std::function<void(const case_data&, outputs&)>;
 struct registrar {
   registrar(std::string kind, handler h);
 };
+
+// Helpers shared by the kind handlers.
+inline int dim(const tensor& t, std::size_t i) { return static_cast<int>(t.dim(i)); }
+inline int param(const case_data& c, const char* name) { return static_cast<int>(c.param_i(name)); }
+// A [heads, tokens, d] array (the vectors' layout) as the token-major view the library takes.
+inline kvsift::kv_view<const float, kvsift::nhd> head_major(const float* data, int heads,
+                                                            int tokens, int d) {
+  return {data, tokens, heads, d, d, static_cast<std::int64_t>(tokens) * d};
+}
 
 }  // namespace kvsift::conformance
