@@ -13,6 +13,7 @@
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/core/memory_space.hpp>
+#include <kvsift/core/rope.hpp>
 #include <kvsift/core/segments.hpp>
 #include <kvsift/core/shape.hpp>
 #include <kvsift/core/view.hpp>

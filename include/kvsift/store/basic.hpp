@@ -41,6 +41,8 @@ class basic_store {
   [[nodiscard]] const T* value(std::int64_t seq, int slot) const {
     return self().value_slot(seq, slot);
   }
+  // Writable key row, for in-place key transforms such as RoPE re-rotation (core/rope.hpp).
+  [[nodiscard]] T* mutable_key(std::int64_t seq, int slot) { return self().key_slot(seq, slot); }
   // Position one past the newest token ever appended to a request's layer (0 after construction
   // or reset). It survives compaction: a retain that releases the newest tokens (StreamingLLM with
   // budget = sink) does not move it back.
