@@ -9,6 +9,7 @@
 #include <kvsift/core/error.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -77,6 +78,23 @@ void validate_index_sets(const index_sets& sets, Limit&& limit, std::string_view
                                     std::to_string(i) + "]",
                          seg[i], "strictly ascending indices (previous " +
                                      std::to_string(seg[i - 1]) + ")");
+      }
+    }
+  }
+}
+
+// Checks that scores[s][j] is finite for j in [first(s), last(s)) of every segment s: NaN or
+// infinite scores would make a top-k meaningless (kvsift::error names the first offender).
+template <class First, class Last>
+void validate_finite(const score_sets& scores, First&& first, Last&& last, std::string_view where,
+                     std::string_view arg) {
+  for (int s = 0; s < scores.segments(); ++s) {
+    const auto seg = scores[s];
+    for (int j = first(s); j < last(s); ++j) {
+      if (!std::isfinite(seg[j])) {
+        throw make_error(where, std::string(arg) + "[" + std::to_string(s) + "][" +
+                                    std::to_string(j) + "]",
+                         seg[j], "a finite score (check_finite is on)");
       }
     }
   }

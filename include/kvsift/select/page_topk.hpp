@@ -16,13 +16,14 @@ namespace kvsift::select {
 // max(min_pages, floor(B / page_size)) pages: the last (current, possibly partial) page always,
 // and the top-scored of the complete pages [0, P - 1) for the rest (ties to the lower page).
 // Every page is kept when they all fit. Output: ascending page indices.
-// Parameters: page_size 16, min_pages 3. Cost: O(P) per segment.
+// Parameters: page_size 16, min_pages 3, check_finite false. Cost: O(P) per segment.
 struct page_topk {
   using kvsift_role = selector_tag;
   using granularity = page_level;
   struct params {
     int page_size = 16;
     int min_pages = 3;
+    bool check_finite = false;  // reject NaN/inf among the complete pages' scores
   };
   params p{};
 
@@ -41,6 +42,11 @@ struct page_topk {
     for (int s = 0; s < scores.segments(); ++s) {
       require(budgets[s] >= 0, "select::page_topk", "budgets[" + std::to_string(s) + "]",
               budgets[s], ">= 0");
+    }
+    if (p.check_finite) {
+      validate_finite(
+          scores, [](int) { return 0; }, [&](int s) { return std::max(0, scores.size(s) - 1); },
+          "select::page_topk", "scores");
     }
     std::vector<int> sizes(static_cast<std::size_t>(scores.segments()));
     for (int s = 0; s < scores.segments(); ++s) {

@@ -19,7 +19,8 @@ namespace kvsift::select {
 // floor(window_share * B)), plus the top B - sink - W of the tokens between (higher score first,
 // ties to the lower index). Output ascending, |kept| = min(B, n).
 // B < sink + W with n > B is a kvsift::error. Parameters: sink 0, window 0, window_share 0
-// (H2O uses window_share 0.5: its recent half). Cost: O(n) per segment (nth_element).
+// (H2O uses window_share 0.5: its recent half), check_finite false. Cost: O(n) per segment
+// (nth_element).
 struct topk {
   using kvsift_role = selector_tag;
   using granularity = token_level;
@@ -27,6 +28,7 @@ struct topk {
     int sink = 0;
     int window = 0;
     double window_share = 0.0;
+    bool check_finite = false;  // reject NaN/inf among the candidate scores (protected ones ignored)
   };
   params p{};
 
@@ -55,6 +57,14 @@ struct topk {
                 ">= the protected tokens: sink " + std::to_string(p.sink) + " + window " +
                     std::to_string(window_for(b)));
       }
+    }
+    if (p.check_finite) {
+      validate_finite(
+          scores, [&](int s) { return budgets[s] < scores.size(s) ? p.sink : 0; },
+          [&](int s) {
+            return budgets[s] < scores.size(s) ? scores.size(s) - window_for(budgets[s]) : 0;
+          },
+          where, "scores");
     }
   }
 
