@@ -71,6 +71,21 @@ std::vector<std::int32_t> kept_positions(const store_t& st, int layer, std::int6
   return out;
 }
 
+// Prefills layer 0 of request 0 with the case's keys and prefill queries in one last chunk.
+// Prefill kinds check kept sets only, so the values are zeros.
+template <class Method>
+void prefill_keys(Method& m, const kc::tensor& k, const kc::tensor& q) {
+  const int n = dim(k, 1);
+  const std::vector<float> zeros(k.f32.size(), 0.0f);
+  m.prefill(0, kvsift::prefill_chunk<float>{.request = 0,
+                                            .keys = kv_of(k),
+                                            .values = head_major(zeros.data(), dim(k, 0), n,
+                                                                 dim(k, 2)),
+                                            .queries = queries_of(q),
+                                            .first_position = 0,
+                                            .last = true});
+}
+
 void put_kept(const store_t& st, int layer, kc::outputs& out) {
   std::int64_t k = 0;
   auto kept = kept_positions(st, layer, k);
@@ -200,15 +215,7 @@ const kc::registrar method_snapkv_prefill{
           param(c, "budget"), param(c, "window"), param(c, "kernel"),
           kvsift::parse_pooling(c.param_s("pooling")), kvsift::parse_gqa_reduce(c.param_s("gqa")));
       kvsift::snapkv<store_t> m(st, p);
-      const std::vector<float> zeros(k.f32.size(), 0.0f);
-      // The engine hands over only the window's queries: the chunk's newest ones.
-      m.prefill(0, kvsift::prefill_chunk<float>{.request = 0,
-                                                .keys = kv_of(k),
-                                                .values = head_major(zeros.data(), dim(k, 0), n,
-                                                                     dim(k, 2)),
-                                                .queries = queries_of(q),
-                                                .first_position = 0,
-                                                .last = true});
+      prefill_keys(m, k, q);  // only the window's queries: the chunk's newest ones
       put_kept(st, 0, out);
     }};
 
@@ -286,14 +293,7 @@ const kc::registrar method_h2o_prefill{
       store_t st(model_shape{1, dim(q, 0), dim(k, 0), dim(k, 2)}, 1, n);
       kvsift::h2o<store_t> m(st, kvsift::h2o_params<store_t>(
                                      param(c, "budget"), kvsift::parse_gqa_reduce(c.param_s("gqa"))));
-      const std::vector<float> zeros(k.f32.size(), 0.0f);
-      m.prefill(0, kvsift::prefill_chunk<float>{.request = 0,
-                                                .keys = kv_of(k),
-                                                .values = head_major(zeros.data(), dim(k, 0), n,
-                                                                     dim(k, 2)),
-                                                .queries = queries_of(q),
-                                                .first_position = 0,
-                                                .last = true});
+      prefill_keys(m, k, q);
       put_kept(st, 0, out);
     }};
 
