@@ -129,7 +129,7 @@ concept progressive_budgeter =
     };
 template <class Sc, class Store>
 concept stateful_scorer = requires(Sc& sc, const Store& st, const index_sets& sets, const float* q) {
-  sc.observe(st, 0, 0, q, sets);
+  sc.observe(st, 0, 0, q, sets, 0);
   sc.compact(st, 0, 0, sets);
 };
 // A selector that keeps each head-sequence's frozen prefix (LagKV's base): select(scores,
@@ -375,11 +375,8 @@ class method {
     const auto& sh = store_->shape();
     if constexpr (detail::stateful_scorer<Scorer_, Store_>) {
       for (std::size_t i = 0; i < tokens.size(); ++i) {
-        index_sets per_request;
-        for (int h = 0; h < sh.kv_heads; ++h) {
-          per_request.push_back(plan_.slots[static_cast<int>(i) * sh.kv_heads + h]);
-        }
-        scorer_.observe(*store_, tokens[i].request, layer, tokens[i].query, per_request);
+        scorer_.observe(*store_, tokens[i].request, layer, tokens[i].query, plan_.slots,
+                        static_cast<int>(i) * sh.kv_heads);
       }
     }
     std::vector<int> batch;

@@ -73,9 +73,11 @@ struct cumulative_attention {
 
   // Adds the attention of one decode query ([q_heads, d]) over the slots it read to their running
   // scores; slots the scorer has not seen yet (the new token) start at 0 before the addition.
+  // The request's KV heads are segments first_segment .. first_segment + kv_heads - 1 of `plan`
+  // (a batch's plan holds every request's heads in turn).
   template <class Store>
   void observe(const Store& store, int request, int layer, const float* q,
-               const index_sets& plan) {
+               const index_sets& plan, int first_segment = 0) {
     const model_shape& sh = store.shape();
     const int G = sh.group_size();
     const int d = sh.head_dim;
@@ -83,7 +85,7 @@ struct cumulative_attention {
       const auto seq = sh.sequence(request, layer, h);
       auto& run = running_[seq];
       run.resize(static_cast<std::size_t>(store.length(seq)), 0.0f);
-      const auto slots = plan[h];
+      const auto slots = plan[first_segment + h];
       std::vector<float> rows(static_cast<std::size_t>(G) * slots.size());
       for (int g = 0; g < G; ++g) {
         cpu::attention_row_over(store, seq, q + static_cast<std::size_t>(h * G + g) * d, slots,
