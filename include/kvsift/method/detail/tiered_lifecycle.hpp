@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// detail::pending_recalls — the "recall decided after step t, used from step t+1" machinery of
+// the dynamic methods over store::tiered and transfer::async (SyncKV's anticipation, HeteroCache's
+// drift retrieval; any method whose compressed heads get host-pool tokens back while decoding).
+//
+// One slot per key (the methods use request * layers + layer). After step t's attention a method
+// calls submit() with, per head-sequence to change, its new PREFILL part: the positions below
+// `boundary` it must hold from step t+1 (tokens at or above the boundary — the decode tokens —
+// stay as they are). submit() sends the positions that are not resident to the transfer in ONE
+// recall and returns at once. At the start of step t+1 (before its token is appended) the method
+// calls complete(): it waits on the recall (the transfer counts a stall when the copy is not done
+// yet — the step then blocks; it never reads stale or partial rows), installs each target's
+// working set = prefill part ∪ {resident positions >= boundary}, and releases the landing. A target
+// with nothing to fetch is applied by store.promote, which copies nothing. cancel() drops a
+// pending recall (reset of a request). Cost: one transfer per key per decision; O(resident) per
+// installed head-sequence.
+
+#include <kvsift/store/tiered.hpp>
+#include <kvsift/transfer/async.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace kvsift::detail {
+
+template <Element T>
+class pending_recalls {
+ public:
+  struct target {
+    std::int64_t seq = 0;
+    std::vector<std::int32_t> prefill;  // the new working set below `boundary`, ascending
+    std::int32_t boundary = 0;          // positions >= boundary (decode tokens) are kept as resident
+  };
+
+  explicit pending_recalls(std::size_t keys = 0) : slots_(keys) {}
+
+  [[nodiscard]] bool has(std::size_t key) const { return slots_[key].active; }
+  [[nodiscard]] bool in_flight(const transfer::async<T>& x, std::size_t key) const {
+    return slots_[key].active && slots_[key].ticket != 0 && !x.ready(slots_[key].ticket);
+  }
+  // Rows the pending recall of `key` brings (0 when none or nothing to fetch).
+  [[nodiscard]] std::int64_t rows(std::size_t key) const { return slots_[key].rows; }
+
+  // Replaces any pending decision of `key` (an older one is completed first, so decisions apply
+  // in order) and submits the rows `targets` miss. Positions must be in the host pool.
+  void submit(transfer::async<T>& x, store::tiered<T>& st, std::size_t key, std::vector<target> targets) {
+    if (slots_[key].active) complete(x, st, key);
+    std::vector<transfer::recall_request> what;
+    std::int64_t rows = 0;
+    for (const auto& t : targets) {
+      transfer::recall_request r{t.seq, {}};
+      for (const auto pos : t.prefill) {
+        if (!st.resident(t.seq, pos)) r.positions.push_back(pos);
+      }
+      rows += static_cast<std::int64_t>(r.positions.size());
+      if (!r.positions.empty()) what.push_back(std::move(r));
+    }
+    auto& s = slots_[key];
+    s.ticket = what.empty() ? 0 : x.submit(st, std::move(what));  // validates before queueing
+    s.targets = std::move(targets);
+    s.rows = rows;
+    s.active = true;
+  }
+
+  // Waits for the pending recall of `key` (a stall when it is not done), installs every target and
+  // releases the landing. Nothing happens when none is pending. A failed recall throws
+  // kvsift::error with the store unchanged (the decision is dropped).
+  void complete(transfer::async<T>& x, store::tiered<T>& st, std::size_t key) {
+    auto& s = slots_[key];
+    if (!s.active) return;
+    s.active = false;
+    const auto ticket = std::exchange(s.ticket, 0);
+    const auto targets = std::move(s.targets);
+    s.targets.clear();
+    s.rows = 0;
+    if (ticket == 0) {
+      for (const auto& t : targets) st.promote(t.seq, working_set(st, t));
+      return;
+    }
+    const store::landing<T>* landed = nullptr;
+    try {
+      landed = &x.wait(ticket);
+    } catch (...) {
+      x.release(ticket);
+      throw;
+    }
+    for (const auto& t : targets) st.install(t.seq, working_set(st, t), *landed);
+    x.release(ticket);
+  }
+
+  // Drops the pending decision of `key` (the store is unchanged).
+  void cancel(transfer::async<T>& x, std::size_t key) {
+    auto& s = slots_[key];
+    if (s.active && s.ticket != 0) x.cancel(s.ticket);
+    s = {};
+  }
+
+ private:
+  struct slot {
+    bool active = false;
+    typename transfer::async<T>::ticket ticket = 0;  // 0: nothing to fetch
+    std::vector<target> targets;
+    std::int64_t rows = 0;
+  };
+  // prefill part ∪ the resident positions >= boundary, ascending.
+  static std::vector<std::int32_t> working_set(const store::tiered<T>& st, const target& t) {
+    std::vector<std::int32_t> out = t.prefill;
+    for (int i = 0; i < st.length(t.seq); ++i) {
+      if (st.position(t.seq, i) >= t.boundary) out.push_back(st.position(t.seq, i));
+    }
+    return out;
+  }
+  std::vector<slot> slots_;
+};
+
+}  // namespace kvsift::detail
