@@ -7,3 +7,4 @@ list(APPEND KVSIFT_CONFORMANCE_KINDS attention.decode select.topk budget.fractio
 list(APPEND KVSIFT_CONFORMANCE_KINDS score.lagkv method.lagkv.prefill method.lagkv.decode)
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.dynamickv method.dynamickv.prefill)
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.synckv method.synckv.decode)
+list(APPEND KVSIFT_CONFORMANCE_KINDS calibrate.topk_sets calibrate.overlap calibrate.stability calibrate.kmeans calibrate.star_cluster)
