@@ -8,3 +8,4 @@ list(APPEND KVSIFT_CONFORMANCE_KINDS score.lagkv method.lagkv.prefill method.lag
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.dynamickv method.dynamickv.prefill)
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.synckv method.synckv.decode)
 list(APPEND KVSIFT_CONFORMANCE_KINDS calibrate.topk_sets calibrate.overlap calibrate.stability calibrate.kmeans calibrate.star_cluster)
+list(APPEND KVSIFT_CONFORMANCE_KINDS score.freekv_pages method.freekv.select trigger.query_cosine)
