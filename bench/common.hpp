@@ -166,5 +166,6 @@ inline const std::vector<const model*>& models() {
 
 void register_components();
 void register_methods();
+void register_transfer();  // transfer.cpp: recall from store::tiered beside memcpy
 
 }  // namespace kvbench

@@ -107,6 +107,7 @@ BENCHMARK(BM_bandwidth_reference)->UseRealTime()->Unit(benchmark::kMillisecond);
 int main(int argc, char** argv) {
   kvbench::register_components();
   kvbench::register_methods();
+  kvbench::register_transfer();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

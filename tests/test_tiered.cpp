@@ -8,6 +8,7 @@
 
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <chrono>
@@ -151,7 +152,9 @@ TEST_CASE("async: a recall completes in the background and installs exactly the 
   append(s, 1, 1, 0, 200);
   const auto seq0 = shape.sequence(1, 1, 0), seq1 = shape.sequence(1, 1, 1);
   s.retain(1, 1, keep_every(shape.kv_heads, {0, 199}));
-  kvsift::transfer::async<float> xfer({.chunk_rows = 7});  // several chunks: both staging buffers used
+  const bool staged = GENERATE(false, true);
+  CAPTURE(staged);
+  kvsift::transfer::async<float> xfer({.chunk_rows = 7, .staged = staged});  // several chunks
   std::vector<std::int32_t> page(16);
   std::iota(page.begin(), page.end(), 32);  // one whole page (block copy)
   std::vector<std::int32_t> scattered{3, 50, 51, 120, 198};
@@ -242,7 +245,9 @@ TEST_CASE("async: injected faults throw kvsift::error, change nothing, and the n
   const auto seq = shape.sequence(0, 0, 0);
   s.retain(0, 0, keep_every(shape.kv_heads, {39}));
   const auto before = snapshot(s);
-  kvsift::transfer::async<float> xfer({.chunk_rows = 4});
+  const bool staged = GENERATE(false, true);
+  CAPTURE(staged);
+  kvsift::transfer::async<float> xfer({.chunk_rows = 4, .staged = staged});
   std::vector<std::int32_t> want(20);
   std::iota(want.begin(), want.end(), 0);
 

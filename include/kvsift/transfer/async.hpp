@@ -80,6 +80,11 @@ class async {
   using ticket = std::uint64_t;
   struct params {
     int chunk_rows = 256;  // rows (or page rows) per staging buffer
+    // Stream through the two staging buffers (FreeKV's double-buffered recall; the GPU path's
+    // pinned staging). Off, the worker copies pool rows straight into the landing: on the CPU
+    // the staging buffer is one more copy of every byte and buys nothing (bench/transfer.cpp
+    // measures both).
+    bool staged = false;
   };
 
   explicit async(params p = {}) : p_(p) {
@@ -101,6 +106,15 @@ class async {
   ticket submit(const store::tiered<T>& store, std::vector<recall_request> what) {
     constexpr std::string_view where = "transfer::async.submit";
     auto job = std::make_shared<recall>();
+    {
+      std::lock_guard lock(mu_);
+      if (!spare_.empty()) {  // reuse a released landing's buffers (no allocation, no page faults)
+        job->landing = std::move(spare_.back());
+        spare_.pop_back();
+        job->landing.seqs.clear();
+        job->landing.positions.clear();
+      }
+    }
     job->landing.dim = store.shape().head_dim;
     std::int64_t rows = 0;
     for (std::size_t r = 0; r < what.size(); ++r) {
@@ -169,6 +183,7 @@ class async {
     std::lock_guard lock(mu_);
     auto job = find(t);
     require(job->done, "transfer::async.release", "ticket", t, "a completed recall (wait() first)");
+    if (spare_.size() < 4) spare_.push_back(std::move(job->landing));
     jobs_.erase(t);
   }
 
@@ -276,6 +291,10 @@ class async {
     const std::size_t rows = job.sources.size();
     job.landing.keys.resize(rows * d);
     job.landing.values.resize(rows * d);
+    if (!p_.staged) {
+      copy_direct(job);
+      return;
+    }
     const std::size_t chunk = static_cast<std::size_t>(p_.chunk_rows);
     for (auto& s : staging) s.resize(2 * chunk * d);
     std::size_t pending_first = 0, pending_count = 0;
@@ -313,11 +332,34 @@ class async {
     if (pending_count > 0) convert(1 - b, pending_first, pending_count);
   }
 
+  // Pool rows straight into the landing, one memcpy per contiguous run per side.
+  void copy_direct(recall& job) {
+    const std::size_t d = static_cast<std::size_t>(job.landing.dim);
+    const std::size_t rows = job.sources.size();
+    for (std::size_t i = 0; i < rows;) {
+      if (job.fail_half_way && i >= rows / 2) {
+        throw std::runtime_error("injected fault: copy_fails after " + std::to_string(i) + " of " +
+                                 std::to_string(rows) + " rows");
+      }
+      std::size_t run = 1;
+      const auto [k, v] = job.sources[i];
+      while (i + run < rows && job.sources[i + run].first == k + run * d &&
+             job.sources[i + run].second == v + run * d) {
+        ++run;
+      }
+      std::memcpy(job.landing.keys.data() + i * d, k, run * d * sizeof(T));
+      std::memcpy(job.landing.values.data() + i * d, v, run * d * sizeof(T));
+      i += run;
+    }
+    if (job.fail_half_way) throw std::runtime_error("injected fault: copy_fails");
+  }
+
   params p_;
   mutable std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   std::deque<std::shared_ptr<recall>> queue_;
   std::map<ticket, std::shared_ptr<recall>> jobs_;
+  std::vector<store::landing<T>> spare_;  // released landings, reused by the next submits
   ticket last_ = 0;
   bool stopping_ = false, busy_ = false, paused_ = false;
   fault fault_ = fault::none;
