@@ -481,3 +481,20 @@ class synckv {
 };
 
 }  // namespace kvsift
+
+namespace kvsift {
+
+// Per-layer cluster roles from a head-roles file (calibrate::synckv_roles, or any type whose
+// `layers[l]` has `assign` and `representatives`), for synckv<T>::params::roles. Kept generic so
+// this header does not pull the JSON reader in.
+template <class Roles>
+std::vector<select::cluster_roles> synckv_roles_of(const Roles& roles) {
+  std::vector<select::cluster_roles> out;
+  for (const auto& l : roles.layers) {
+    out.push_back({std::vector<int>(l.assign.begin(), l.assign.end()),
+                   std::vector<int>(l.representatives.begin(), l.representatives.end())});
+  }
+  return out;
+}
+
+}  // namespace kvsift
