@@ -162,12 +162,15 @@ class tiered {
   [[nodiscard]] std::int32_t host_position(int request, int layer, int index) const {
     return host_positions_[rl(request, layer) * static_cast<std::size_t>(capacity_) + index];
   }
-  // Index of `position` in the pool of (request, layer), or -1 if absent.
-  [[nodiscard]] int host_index(int request, int layer, std::int32_t position) const {
-    const auto* first = host_positions_.data() + rl(request, layer) * static_cast<std::size_t>(capacity_);
-    const auto* last = first + host_length(request, layer);
-    const auto* it = std::lower_bound(first, last, position);
-    return it != last && *it == position ? static_cast<int>(it - first) : -1;
+  // Index of `position` in the pool of (request, layer), or -1 if absent. `from` is a hint: an
+  // index at or before the answer (callers walking ascending positions pass the previous one).
+  [[nodiscard]] int host_index(int request, int layer, std::int32_t position, int from = 0) const {
+    const auto* base = host_positions_.data() + rl(request, layer) * static_cast<std::size_t>(capacity_);
+    const int n = host_length(request, layer);
+    from = std::clamp(from, 0, n);
+    if (from < n && base[from] == position) return from;  // the next row of a run
+    const auto* it = std::lower_bound(base + from, base + n, position);
+    return it != base + n && *it == position ? static_cast<int>(it - base) : -1;
   }
   [[nodiscard]] const T* host_key(std::int64_t seq, int index) const { return host_row(seq, index, 0); }
   [[nodiscard]] const T* host_value(std::int64_t seq, int index) const { return host_row(seq, index, 1); }

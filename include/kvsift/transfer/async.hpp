@@ -124,13 +124,19 @@ class async {
               "a head-sequence id in [0, " + std::to_string(sequences) + ")");
       const auto [request, layer] = store.request_layer(seq);
       const auto& pos = what[r].positions;
+      job->sources.reserve(job->sources.size() + pos.size());
+      int hint = 0;
       for (std::size_t i = 0; i < pos.size(); ++i) {
-        require(i == 0 || pos[i] > pos[i - 1], where,
-                "what[" + std::to_string(r) + "].positions[" + std::to_string(i) + "]", pos[i],
-                "ascending positions without duplicates");
-        const int index = store.host_index(request, layer, pos[i]);
-        require(index >= 0, where, "what[" + std::to_string(r) + "].positions[" + std::to_string(i) + "]",
-                pos[i], "a position in the host pool of head-sequence " + std::to_string(seq));
+        // messages are built only on failure: this loop runs once per recalled row
+        const int index =
+            (i == 0 || pos[i] > pos[i - 1]) ? store.host_index(request, layer, pos[i], hint) : -2;
+        hint = index + 1;
+        if (index < 0) {
+          throw make_error(where, "what[" + std::to_string(r) + "].positions[" + std::to_string(i) + "]",
+                           pos[i],
+                           index == -2 ? std::string("ascending positions without duplicates")
+                                       : "a position in the host pool of head-sequence " + std::to_string(seq));
+        }
         job->sources.push_back({store.host_key(seq, index), store.host_value(seq, index)});
       }
       job->landing.seqs.push_back(seq);
