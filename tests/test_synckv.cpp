@@ -412,3 +412,36 @@ TEST_CASE("synckv: reset cancels a pending recall; bad input leaves the store un
   bad = params_of(0.75, {{{0, 0, 1, 1}, {0, 3}}});
   CHECK_THROWS_AS(method_t(st2, bad), kvsift::error);
 }
+
+TEST_CASE("synckv: the documented example", "[synckv]") {
+  const int n = 48, d = 8;
+  const auto x = make_tokens(1, n, 10, 4, 8, d, 1);
+  const auto keys = kvsift::kv_view<const float, kvsift::nhd>::contiguous(x.k.data(), n, 4, d);
+  const auto values = kvsift::kv_view<const float, kvsift::nhd>::contiguous(x.v.data(), n, 4, d);
+  const auto last_query =
+      kvsift::kv_view<const float, kvsift::nhd>::contiguous(x.q.data() + x.q_at(0, n - 1), 1, 8, d);
+  std::vector<kvsift::decode_token<float>> steps;
+  for (int t = 1; t <= 10; ++t) steps.push_back(token_of(x, 0, 0, t));
+  const auto token = [&](int t) -> const kvsift::decode_token<float>& { return steps[t - 1]; };
+  std::vector<float> out_buffer(8 * d);
+  float* out = out_buffer.data();
+  // example-begin synckv
+  // One layer, 8 query heads over 4 KV heads; heads 0, 1 follow R-head 0, head 2 follows R-head 3.
+  kvsift::store::tiered<float> store(kvsift::model_shape{1, 8, 4, d}, /*requests=*/1,
+                                     /*host_capacity=*/n + 10);
+  kvsift::synckv<float> m(store, {.clusters = 2, .stride = 5, .rho = 0.5, .memory_fraction = 0.75,
+                                  .roles = {{.assign = {0, 0, 1, 1}, .representatives = {0, 3}}}});
+  m.prefill(0, kvsift::prefill_chunk<float>{.request = 0, .keys = keys, .values = values,
+                                            .queries = last_query, .first_position = 0});
+  for (int t = 1; t <= 10; ++t) {
+    const auto& plan = m.decode(0, token(t));  // installs step t-1's recall (waits if not done)
+    (void)plan;
+    m.attend(0, std::span(&token(t), 1), out);  // or the engine's kernel over plan.positions
+    m.after_attention(0, token(t));             // at t % 5 == 0: anticipate, submit the recall
+  }
+  // followers keep k = floor((0.75 * 4 - 2) * 48 / 2) = 24 prefill tokens each
+  // example-end synckv
+  CHECK(m.split(n).k == 24);
+  CHECK(m.stats().refreshes == 2);
+  CHECK(store.resident_tokens() == 2 * (n + 10) + 2 * (24 + 10));
+}
