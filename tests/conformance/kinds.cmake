@@ -8,5 +8,5 @@ list(APPEND KVSIFT_CONFORMANCE_KINDS score.lagkv method.lagkv.prefill method.lag
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.dynamickv method.dynamickv.prefill)
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.synckv method.synckv.decode)
 list(APPEND KVSIFT_CONFORMANCE_KINDS calibrate.topk_sets calibrate.overlap calibrate.stability calibrate.kmeans calibrate.star_cluster)
-list(APPEND KVSIFT_CONFORMANCE_KINDS score.freekv_pages method.freekv.select trigger.query_cosine)
+list(APPEND KVSIFT_CONFORMANCE_KINDS score.freekv_pages method.freekv.select trigger.query_cosine method.freekv.decode)
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.heterocache method.heterocache.prefill method.heterocache.decode)

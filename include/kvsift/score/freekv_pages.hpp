@@ -182,7 +182,9 @@ struct freekv_pages {
     }
   }
 
-  // Drops every cached digest (the store was reset or rewritten).
+  // Drops the cached digest of one head-sequence (its request was reset: a new prompt at the same
+  // positions would otherwise look like an append), or of all.
+  void forget(std::int64_t seq) { digests_.erase(seq); }
   void forget() { digests_.clear(); }
 
  private:
