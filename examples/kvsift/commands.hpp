@@ -10,6 +10,8 @@ namespace kvsift::cli {
 
 int eval_trace(const std::vector<std::string>& args);
 int eval(const std::vector<std::string>& args);
+int trace_prompts(const std::vector<std::string>& args);    // trace.cpp (calibration traces)
+int calibrate_heads(const std::vector<std::string>& args);  // calibrate.cpp (head-roles files)
 
 // --name value lookup over a command's arguments; `fallback` when absent.
 std::string option(const std::vector<std::string>& args, const std::string& name,

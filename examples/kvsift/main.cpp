@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "eval-trace") return kvsift::cli::eval_trace(args);
     if (cmd == "eval") return kvsift::cli::eval(args);
+    if (cmd == "trace") return kvsift::cli::trace_prompts(args);
+    if (cmd == "calibrate") return kvsift::cli::calibrate_heads(args);
   } catch (const kvsift::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
