@@ -1,0 +1,281 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvsift::freekv (FreeKV over store::tiered + transfer::async): laws of the decode lifecycle.
+
+#include <kvsift/method/freekv.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace {
+
+using kvsift::model_shape;
+using view = kvsift::kv_view<const float, kvsift::nhd>;
+
+std::vector<float> normal(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+// One request's prompt and decode tokens for every layer: keys/values [layers][tokens, H, d],
+// queries [layers][steps, Hq, d].
+struct script {
+  model_shape sh;
+  int n = 0, steps = 0;
+  std::vector<std::vector<float>> k, v, q;
+  script(model_shape s, int prompt, int t, std::uint32_t seed) : sh(s), n(prompt), steps(t) {
+    for (int l = 0; l < sh.layers; ++l) {
+      k.push_back(normal(static_cast<std::size_t>(n + t) * sh.kv_heads * sh.head_dim, seed + 10 * l));
+      v.push_back(normal(k.back().size(), seed + 10 * l + 1));
+      q.push_back(normal(static_cast<std::size_t>(t) * sh.q_heads * sh.head_dim, seed + 10 * l + 2));
+    }
+  }
+  [[nodiscard]] kvsift::prefill_chunk<float> prompt(int request, int layer) const {
+    return {.request = request,
+            .keys = view::contiguous(k[layer].data(), n, sh.kv_heads, sh.head_dim),
+            .values = view::contiguous(v[layer].data(), n, sh.kv_heads, sh.head_dim),
+            .queries = {},
+            .first_position = 0,
+            .last = true};
+  }
+  [[nodiscard]] kvsift::decode_token<float> token(int request, int layer, int t) const {
+    const std::size_t kv = static_cast<std::size_t>(n + t) * sh.kv_heads * sh.head_dim;
+    return {request, q[layer].data() + static_cast<std::size_t>(t) * sh.q_heads * sh.head_dim,
+            k[layer].data() + kv, v[layer].data() + kv};
+  }
+};
+
+using params = kvsift::freekv<float>::params;
+params small_params() {
+  return {.page_size = 8, .budget = 64, .sink = 8, .window = 16, .tau = 0.8, .dense_layers = 1};
+}
+
+std::vector<std::int32_t> as_vector(std::span<const std::int32_t> s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+TEST_CASE("freekv: every sparse step reads B/p pages, sink and window always in, working set = plan",
+          "[freekv]") {
+  const int group = GENERATE(1, 4);
+  const auto merge = GENERATE(kvsift::score::freekv_merge::softmax_mean,
+                              kvsift::score::freekv_merge::mean, kvsift::score::freekv_merge::max);
+  const double tau = GENERATE(-1.0, 0.2, 1.0);  // never, sometimes, always corrected
+  CAPTURE(group, static_cast<int>(merge), tau);
+  const model_shape sh{2, 2 * group, 2, 8};
+  const script sc(sh, 150, 30, 7);
+  kvsift::store::tiered<float> st(sh, 1, sc.n + sc.steps, 8);
+  auto prm = small_params();
+  prm.merge = merge;
+  prm.tau = tau;
+  kvsift::freekv<float> m(st, prm);
+  for (int l = 0; l < sh.layers; ++l) m.prefill(l, sc.prompt(0, l));
+  // after prefill the sparse layer holds the sink and step 1's window only
+  REQUIRE(st.length(sh.sequence(0, 1, 0)) < sc.n);
+  REQUIRE(st.length(sh.sequence(0, 0, 0)) == sc.n);
+  const int ps = prm.page_size;
+  for (int t = 0; t < sc.steps; ++t) {
+    CAPTURE(t);
+    for (int l = 0; l < sh.layers; ++l) {
+      const auto tok = sc.token(0, l, t);
+      const auto& plan = m.decode(l, tok);
+      const int len = sc.n + t + 1;
+      const int P = (len + ps - 1) / ps;
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto pages = as_vector(plan.pages[h]);
+        const auto pos = as_vector(plan.positions[h]);
+        REQUIRE(std::is_sorted(pages.begin(), pages.end()));
+        REQUIRE(std::adjacent_find(pages.begin(), pages.end()) == pages.end());
+        std::vector<std::int32_t> want;  // the plan is the real tokens of the pages
+        for (const auto pg : pages) {
+          for (int i = pg * ps; i < std::min(len, (pg + 1) * ps); ++i) want.push_back(i);
+        }
+        REQUIRE(pos == want);
+        REQUIRE(pos.back() == len - 1);  // the new token
+        if (l == 0) {
+          REQUIRE(static_cast<int>(pages.size()) == P);  // dense layer
+          continue;
+        }
+        REQUIRE(static_cast<int>(pages.size()) == prm.budget / ps);
+        for (int pg = 0; pg < prm.sink / ps; ++pg) REQUIRE(std::binary_search(pages.begin(), pages.end(), pg));
+        for (int pg = P - prm.window / ps; pg < P; ++pg) {
+          REQUIRE(std::binary_search(pages.begin(), pages.end(), pg));
+        }
+        // the working set holds exactly the selected pages' tokens
+        REQUIRE(st.length(sh.sequence(0, l, h)) == static_cast<int>(pos.size()));
+        REQUIRE(st.length(sh.sequence(0, l, h)) <= prm.budget);
+      }
+      std::vector<float> out(static_cast<std::size_t>(sh.q_heads) * sh.head_dim);
+      m.attend(l, std::span<const kvsift::decode_token<float>>(&tok, 1), out.data());
+      m.after_attention(l, tok);
+    }
+    st.verify();
+  }
+  const auto s = m.stats();
+  REQUIRE(s.bytes_transferred > 0);
+  REQUIRE(s.resident_tokens <= static_cast<std::int64_t>(sh.kv_heads) * (prm.budget + sc.n + sc.steps));
+  if (tau == 1.0) REQUIRE(m.corrections_made() > 0);
+  if (tau == -1.0) REQUIRE(m.corrections_made() == 0);
+}
+
+TEST_CASE("freekv: a background recall is in flight while the next layer decodes", "[freekv]") {
+  const model_shape sh{3, 4, 2, 8};
+  const script sc(sh, 200, 12, 11);
+  kvsift::store::tiered<float> st(sh, 1, sc.n + sc.steps, 8);
+  kvsift::freekv<float> m(st, {.page_size = 8, .budget = 48, .sink = 8, .window = 16, .tau = -1.0,
+                               .dense_layers = 1});
+  for (int l = 0; l < sh.layers; ++l) m.prefill(l, sc.prompt(0, l));
+  auto& xfer = m.transfer_state();
+  int overlapped = 0;
+  for (int t = 0; t < sc.steps; ++t) {
+    for (int l = 0; l < sh.layers; ++l) {
+      const auto tok = sc.token(0, l, t);
+      m.decode(l, tok);
+      xfer.pause(l == 1);  // layer 1's recall cannot start before layer 2 has decoded
+      const auto before = xfer.outstanding();
+      m.after_attention(l, tok);
+      if (l == 1 && xfer.outstanding() > before) {
+        // layer 2 decodes, attends and submits its own recall while layer 1's waits
+        const auto tok2 = sc.token(0, 2, t);
+        m.decode(2, tok2);
+        m.after_attention(2, tok2);
+        ++overlapped;
+        xfer.pause(false);
+        break;
+      }
+      xfer.pause(false);
+    }
+  }
+  REQUIRE(overlapped > 0);
+  REQUIRE(m.stats().bytes_transferred > 0);
+}
+
+TEST_CASE("freekv: a ragged batch of two requests equals two single runs", "[freekv]") {
+  const model_shape sh{2, 4, 2, 8};
+  const script a(sh, 130, 20, 21), b(sh, 77, 20, 31);
+  const auto prm = small_params();
+  struct trace {
+    std::vector<std::vector<std::int32_t>> pos;
+    std::vector<float> out;
+  };
+  const auto single = [&](const script& sc) {
+    kvsift::store::tiered<float> st(sh, 1, sc.n + sc.steps, 8);
+    kvsift::freekv<float> m(st, prm);
+    trace tr;
+    for (int l = 0; l < sh.layers; ++l) m.prefill(l, sc.prompt(0, l));
+    for (int t = 0; t < sc.steps; ++t) {
+      for (int l = 0; l < sh.layers; ++l) {
+        const auto tok = sc.token(0, l, t);
+        const auto& plan = m.decode(l, tok);
+        for (int h = 0; h < sh.kv_heads; ++h) tr.pos.push_back(as_vector(plan.positions[h]));
+        std::vector<float> o(static_cast<std::size_t>(sh.q_heads) * sh.head_dim);
+        m.attend(l, std::span<const kvsift::decode_token<float>>(&tok, 1), o.data());
+        tr.out.insert(tr.out.end(), o.begin(), o.end());
+        m.after_attention(l, tok);
+      }
+    }
+    return tr;
+  };
+  const trace ta = single(a), tb = single(b);
+  kvsift::store::tiered<float> st(sh, 2, 200, 8);
+  kvsift::freekv<float> m(st, prm);
+  for (int l = 0; l < sh.layers; ++l) {
+    const std::vector<kvsift::prefill_chunk<float>> chunks{a.prompt(0, l), b.prompt(1, l)};
+    m.prefill(l, chunks);
+  }
+  trace ga, gb;
+  for (int t = 0; t < a.steps; ++t) {
+    for (int l = 0; l < sh.layers; ++l) {
+      const std::vector<kvsift::decode_token<float>> toks{b.token(1, l, t), a.token(0, l, t)};
+      const auto& plan = m.decode(l, toks);
+      for (int h = 0; h < sh.kv_heads; ++h) gb.pos.push_back(as_vector(plan.positions[h]));
+      for (int h = 0; h < sh.kv_heads; ++h) ga.pos.push_back(as_vector(plan.positions[sh.kv_heads + h]));
+      std::vector<float> o(2 * static_cast<std::size_t>(sh.q_heads) * sh.head_dim);
+      m.attend(l, toks, o.data());
+      const std::size_t half = o.size() / 2;
+      gb.out.insert(gb.out.end(), o.begin(), o.begin() + static_cast<std::ptrdiff_t>(half));
+      ga.out.insert(ga.out.end(), o.begin() + static_cast<std::ptrdiff_t>(half), o.end());
+      m.after_attention(l, toks);
+    }
+    st.verify();
+  }
+  REQUIRE(ga.pos == ta.pos);
+  REQUIRE(gb.pos == tb.pos);
+  REQUIRE(ga.out == ta.out);
+  REQUIRE(gb.out == tb.out);
+
+  // reset(request) lets the slot take the same prompt again, with the same plans
+  m.reset(0);
+  for (int l = 0; l < sh.layers; ++l) m.prefill(l, a.prompt(0, l));
+  trace again;
+  for (int t = 0; t < a.steps; ++t) {
+    for (int l = 0; l < sh.layers; ++l) {
+      const auto tok = a.token(0, l, t);
+      const auto& plan = m.decode(l, tok);
+      for (int h = 0; h < sh.kv_heads; ++h) again.pos.push_back(as_vector(plan.positions[h]));
+      m.after_attention(l, tok);
+    }
+  }
+  REQUIRE(again.pos == ta.pos);
+}
+
+TEST_CASE("freekv: bad parameters and calls are kvsift::error before anything changes", "[freekv]") {
+  const model_shape sh{2, 4, 2, 8};
+  kvsift::store::tiered<float> st(sh, 1, 256, 8);
+  const auto bad = [&](params p) { REQUIRE_THROWS_AS(kvsift::freekv<float>(st, p), kvsift::error); };
+  auto p = small_params();
+  p.budget = 60;  // not whole pages
+  bad(p);
+  p = small_params();
+  p.budget = 16;  // fewer pages than sink + window
+  bad(p);
+  p = small_params();
+  p.budget = -8;
+  bad(p);
+  p = small_params();
+  p.sink = 4;
+  bad(p);
+  p = small_params();
+  p.window = 0;  // the current page is in the window
+  bad(p);
+  p = small_params();
+  p.tau = 2.0;
+  bad(p);
+  p = small_params();
+  p.page_size = 16;  // the store's pages are 8
+  p.budget = 64;
+  p.sink = 16;
+  p.window = 16;
+  bad(p);
+  p = small_params();
+  p.dense_layers = -1;
+  bad(p);
+
+  kvsift::freekv<float> m(st, small_params());
+  const script sc(sh, 100, 2, 3);
+  for (int l = 0; l < sh.layers; ++l) m.prefill(l, sc.prompt(0, l));
+  const int before = st.host_length(0, 1);
+  const std::vector<kvsift::decode_token<float>> twice{sc.token(0, 1, 0), sc.token(0, 1, 0)};
+  REQUIRE_THROWS_AS(m.decode(1, twice), kvsift::error);
+  REQUIRE_THROWS_AS(m.decode(2, sc.token(0, 1, 0)), kvsift::error);
+  auto no_query = sc.token(0, 1, 0);
+  no_query.query = nullptr;
+  REQUIRE_THROWS_AS(m.decode(1, no_query), kvsift::error);
+  REQUIRE(st.host_length(0, 1) == before);
+  // the selector alone: a budget below sink + window with more pages is an error naming it
+  const kvsift::select::freekv_pages sel{{.page_size = 8, .sink = 8, .window = 16}};
+  kvsift::score_sets scores;
+  const std::vector<int> sizes{10};
+  scores.resize(sizes);
+  kvsift::index_sets kept;
+  const std::vector<int> small{16};
+  REQUIRE_THROWS_AS(sel.select(scores, small, kept), kvsift::error);
+  const std::vector<int> ragged{20};
+  REQUIRE_THROWS_AS(sel.select(scores, ragged, kept), kvsift::error);
+}
