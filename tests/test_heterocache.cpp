@@ -561,3 +561,43 @@ TEST_CASE("heterocache: roles from a roles file (calibrate::heterocache_roles)",
     return s;
   }());
 }
+
+TEST_CASE("heterocache: the documented example", "[heterocache]") {
+  const int n = 60, d = 8;
+  const auto x = make_tokens(1, n, 10, 4, 8, d, 1);
+  const auto keys = kvsift::kv_view<const float, kvsift::nhd>::contiguous(x.k.data(), n, 4, d);
+  const auto values = kvsift::kv_view<const float, kvsift::nhd>::contiguous(x.v.data(), n, 4, d);
+  const auto last_query =
+      kvsift::kv_view<const float, kvsift::nhd>::contiguous(x.q.data() + x.q_at(0, n - 1), 1, 8, d);
+  std::vector<kvsift::decode_token<float>> steps;
+  for (int t = 1; t <= 10; ++t) steps.push_back(token_of(x, 0, 0, t));
+  const auto token = [&](int t) -> const kvsift::decode_token<float>& { return steps[t - 1]; };
+  std::vector<float> out_buffer(8 * d);
+  float* out = out_buffer.data();
+  // example-begin heterocache
+  // One layer, 8 query heads over 4 KV heads: pivot 0 with satellites 1 and 2, anchor 3.
+  using role = kvsift::calibrate::head_role;
+  kvsift::store::tiered<float> store(kvsift::model_shape{1, 8, 4, d}, /*requests=*/1,
+                                     /*host_capacity=*/n + 10);
+  kvsift::heterocache<float>::params p;  // tau_drift 0.5, W 5, rho 0.5, kernel 5
+  p.roles = {{.roles = {role::pivot, role::satellite, role::satellite, role::anchor},
+              .leader = {0, 0, 0, -1},
+              .stability = {0.9f, 0.4f, 0.6f, 0.8f}}};
+  // (from a roles file: p.roles = kvsift::heterocache<float>::roles_from(
+  //      kvsift::calibrate::read_heterocache_roles(path, model));)
+  kvsift::heterocache<float> m(store, p);
+  m.prefill(0, kvsift::prefill_chunk<float>{.request = 0, .keys = keys, .values = values,
+                                            .queries = last_query, .first_position = 0});
+  for (int t = 1; t <= 10; ++t) {
+    const auto& plan = m.decode(0, token(t));  // installs step t-1's retrieval (waits if not done)
+    (void)plan;
+    m.attend(0, std::span(&token(t), 1), out);  // or the engine's kernel over plan.positions
+    m.after_attention(0, token(t));             // at t = 5, 10: drift check, maybe a retrieval
+  }
+  // F = 1 full-KV head of N = 4: base = floor((0.5 * 4 - 1) * 60 / 3) = 20
+  // example-end heterocache
+  CHECK(m.base(0, 0) == 20);
+  CHECK(m.drift_stats().drift_checks == 2);
+  const auto b = m.budget(n);
+  CHECK(store.resident_tokens() == (n + 10) + (b.cap[1] + 10) + (b.cap[2] + 10) + (b.cap[3] + 10));
+}
