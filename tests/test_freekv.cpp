@@ -279,3 +279,47 @@ TEST_CASE("freekv: bad parameters and calls are kvsift::error before anything ch
   const std::vector<int> ragged{20};
   REQUIRE_THROWS_AS(sel.select(scores, ragged, kept), kvsift::error);
 }
+
+TEST_CASE("freekv: documented example", "[freekv][docs]") {
+  // example-begin freekv
+  using view = kvsift::kv_view<const float, kvsift::nhd>;
+  const kvsift::model_shape shape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 8};
+  const int n = 60;  // pages of 8: 0..6 complete, page 7 holds 56..59 and the decode tokens
+  kvsift::store::tiered<float> store(shape, /*requests=*/1, /*host_capacity=*/128, /*page_size=*/8);
+  // 4 pages per step: sink page 0, one selected page, a window of 2 pages; layer 0 stays dense
+  kvsift::freekv<float> m(store, {.page_size = 8, .budget = 32, .sink = 8, .window = 16});
+
+  // keys are 0 except token 27 (page 3), channel 0 = 3
+  std::vector<float> k((n + 2) * 2 * 8, 0.0f), v((n + 2) * 2 * 8, 1.0f), q(4 * 8, 0.0f);
+  for (int h = 0; h < 2; ++h) k[(27 * 2 + h) * 8] = 3.0f;
+  for (int h = 0; h < 4; ++h) q[h * 8] = 1.0f;
+  for (int layer = 0; layer < shape.layers; ++layer) {  // prefill needs no queries
+    m.prefill(layer, {.request = 0,
+                      .keys = view::contiguous(k.data(), n, 2, 8),
+                      .values = view::contiguous(v.data(), n, 2, 8),
+                      .queries = {}});
+  }
+  REQUIRE(store.length(0, 1, 0) == 8 + 8 + 4);  // layer 1 keeps sink page 0, window pages 6, 7
+  REQUIRE(store.host_length(0, 1) == n);         // the host pool keeps every token
+
+  for (int step = 0; step < 2; ++step) {
+    const kvsift::decode_token<float> tok{0, q.data(), &k[(n + step) * 2 * 8],
+                                          &v[(n + step) * 2 * 8]};
+    for (int layer = 0; layer < shape.layers; ++layer) {
+      const auto& plan = m.decode(layer, tok);
+      if (layer == 1) {
+        // step 1 selects with q_1 and recalls page 3 before attention; step 2 reuses the
+        // selection made after step 1 (same query: cosine 1 >= tau, no correction)
+        REQUIRE(as_vector(plan.pages[0]) == std::vector<std::int32_t>{0, 3, 6, 7});
+        REQUIRE(store.length(0, 1, 0) == static_cast<int>(plan.positions[0].size()));
+      }
+      std::vector<float> out(4 * 8);
+      m.attend(layer, {&tok, 1}, out.data());
+      m.after_attention(layer, tok);
+    }
+  }
+  REQUIRE(m.corrections_made() == 0);
+  // page 3 (8 tokens, K and V, d = 8 floats) of both KV heads moved once
+  REQUIRE(m.stats().bytes_transferred == 2 * (8 * 2 * 8 * 4));
+  // example-end freekv
+}
