@@ -323,3 +323,29 @@ TEST_CASE("freekv: documented example", "[freekv][docs]") {
   REQUIRE(m.stats().bytes_transferred == 2 * (8 * 2 * 8 * 4));
   // example-end freekv
 }
+
+TEST_CASE("freekv: prefill with the prompt's last query places the budget's pages", "[freekv]") {
+  const model_shape sh{2, 4, 2, 8};
+  const script sc(sh, 150, 3, 51);
+  const auto prm = small_params();
+  for (const bool with_queries : {false, true}) {
+    CAPTURE(with_queries);
+    kvsift::store::tiered<float> st(sh, 1, sc.n + sc.steps, 8);
+    kvsift::freekv<float> m(st, prm);
+    for (int l = 0; l < sh.layers; ++l) {
+      auto chunk = sc.prompt(0, l);
+      // the prompt's last query is step 1's query: the placement is step 1's selection
+      if (with_queries) chunk.queries = view::contiguous(sc.q[l].data(), 1, sh.q_heads, sh.head_dim);
+      m.prefill(l, chunk);
+    }
+    const int resident = st.length(sh.sequence(0, 1, 0));
+    // sink (1 page) + window of step 1's layout (pages 18: 144..149, and 17) [+ 5 selected pages]
+    CHECK(resident == (with_queries ? 8 + 5 * 8 + 8 + 6 : 8 + 8 + 6));
+    const auto tok = sc.token(0, 1, 0);
+    m.decode(0, sc.token(0, 0, 0));
+    const auto& plan = m.decode(1, tok);
+    REQUIRE(static_cast<int>(plan.pages[0].size()) == prm.budget / prm.page_size);
+    // with the placement nothing is missing at step 1: no bytes move
+    CHECK((m.stats().bytes_transferred == 0) == with_queries);
+  }
+}

@@ -14,8 +14,10 @@
 //
 // Lifecycle (METHODS.md "FreeKV", SPEC method.freekv.decode), per sparse layer:
 //   prefill   appends the prompt to both tiers; at the last chunk, when the prompt is over the
-//             budget, the working set is cut to the sink and window pages (the rest lives on
-//             in the host pool only).
+//             budget, the working set is cut to the budget's pages for step 1's layout: sink,
+//             window and, when the chunk carries queries, the candidates the prompt's last query
+//             selects (without queries: sink and window only). The rest lives on in the host
+//             pool only.
 //   decode    step t appends k_t, v_t (always resident). Step 1 selects with q_1. From step 2,
 //             for each KV head: if the trigger asks for a correction the head selects with q_t
 //             and recalls the missing pages now (submit + wait: a stall); otherwise it takes the
@@ -146,8 +148,9 @@ class freekv {
   [[nodiscard]] const std::vector<std::uint8_t>& corrections() const { return corrected_; }
 
   // 1. Appends each chunk to both tiers. At a request's last chunk of a sparse layer whose
-  // prompt is over the budget, the working set keeps only the sink and window pages of step 1's
-  // layout. Every chunk is validated before anything is appended.
+  // prompt is over the budget, the working set keeps only the pages of step 1's layout that the
+  // prompt's last query selects (sink and window only when the chunk has no queries). Every
+  // chunk is validated before anything is appended.
   void prefill(int layer, std::span<const prefill_chunk<T>> chunks) {
     constexpr std::string_view where = "method::freekv.prefill";
     const auto& sh = store_->shape();
@@ -157,6 +160,7 @@ class freekv {
       check_request(where, c.request);
       c.keys.validate(where, "keys", sh.kv_heads, sh.head_dim);
       c.values.validate(where, "values", sh.kv_heads, sh.head_dim);
+      if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
       require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens, "keys.tokens");
       require(!pending_[slot(c.request, layer)].ticket, where, "request", c.request,
               "a request not decoding (reset it first)");
@@ -172,6 +176,17 @@ class freekv {
       const int n1 = store_->host_length(c.request, layer) + 1;  // step 1's layout
       const auto lay = scorer_.layout(n1);
       if (lay.pages <= p_.budget / p_.page_size) continue;
+      // With the prompt's last query, the budget's pages are placed as that query would select
+      // them (step 1 still selects with q_1 and recalls what differs); without, sink + window.
+      std::vector<std::vector<std::int32_t>> placed;
+      if (c.queries.tokens > 0) {
+        std::vector<float> q(static_cast<std::size_t>(sh.q_heads) * sh.head_dim);
+        for (int hq = 0; hq < sh.q_heads; ++hq) {
+          std::copy_n(c.queries.row(c.queries.tokens - 1, hq), sh.head_dim,
+                      q.data() + static_cast<std::size_t>(hq) * sh.head_dim);
+        }
+        placed = select_pages(c.request, layer, q.data(), n1);
+      }
       index_sets keep;
       for (int h = 0; h < sh.kv_heads; ++h) {
         const auto seq = sh.sequence(c.request, layer, h);
@@ -179,7 +194,10 @@ class freekv {
         for (int s = 0; s < store_->length(seq); ++s) {
           const int i = store_->host_index(c.request, layer, store_->position(seq, s));
           const int pg = i / p_.page_size;
-          if (pg < lay.candidates_first || pg >= lay.candidates_last) slots.push_back(s);
+          const bool kept = placed.empty()
+                                ? pg < lay.candidates_first || pg >= lay.candidates_last
+                                : std::binary_search(placed[h].begin(), placed[h].end(), pg);
+          if (kept) slots.push_back(s);
         }
         keep.push_back(slots);
       }
