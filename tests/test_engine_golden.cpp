@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The example Llama engine against tiny-recall's golden outputs, the KV-cache call protocol, and
-// the safetensors reader/writer (round trip and error paths).
+// The example Llama engine against the golden outputs of the shipped models (data/tiny-recall,
+// data/recall-8kv: 8 KV heads and a BOS byte), the KV-cache call protocol, and the safetensors
+// reader/writer (round trip and error paths). Everything is read from the repository's data/.
 
 #include <kvsift/io/safetensors.hpp>
 
@@ -25,10 +26,16 @@ namespace io = kvsift::io;
 
 namespace {
 
-const std::string shared_model_dir = std::string(KVSIFT_SHARED_DIR) + "/models/tiny-recall";
+const std::string data_dir = std::string(KVSIFT_SOURCE_DIR) + "/data";
+const std::string tiny_recall_dir = data_dir + "/tiny-recall";
 
 const ex::llama_model& tiny_recall() {
-  static const ex::llama_model model = ex::llama_model::load(shared_model_dir);
+  static const ex::llama_model model = ex::llama_model::load(tiny_recall_dir);
+  return model;
+}
+
+const ex::llama_model& recall_8kv() {
+  static const ex::llama_model model = ex::llama_model::load(data_dir + "/recall-8kv");
   return model;
 }
 
@@ -101,11 +108,12 @@ class recording_cache : public ex::kv_cache {
 
 }  // namespace
 
-TEST_CASE("engine: tiny-recall matches the golden logits and greedy continuations",
+TEST_CASE("engine: the shipped models match their golden logits and greedy continuations",
           "[engine][golden]") {
+  const std::string model_name = GENERATE("tiny-recall", "recall-8kv");
   const std::string task = GENERATE("passkey", "chain", "filler");
-  CAPTURE(task);
-  std::ifstream in(shared_model_dir + "/golden/" + task + ".json");
+  CAPTURE(model_name, task);
+  std::ifstream in(data_dir + "/" + model_name + "/golden/" + task + ".json");
   REQUIRE(in);
   const auto golden = nlohmann::json::parse(in);
   const auto ids = golden["prompt_ids"].get<std::vector<int>>();
@@ -114,7 +122,16 @@ TEST_CASE("engine: tiny-recall matches the golden logits and greedy continuation
   const auto ref_step_max = golden["greedy_step_max_logit"].get<std::vector<float>>();
   REQUIRE(ex::byte_tokenize(golden["prompt"].get<std::string>()) == ids);
 
-  const auto& model = tiny_recall();
+  const auto& model = model_name == "tiny-recall" ? tiny_recall() : recall_8kv();
+  if (model_name == "recall-8kv") {
+    // 8 KV heads, one per query head (G = 1), and every prompt starts with the BOS byte 0x02
+    CHECK(model.config().num_kv_heads == 8);
+    CHECK(model.config().num_q_heads == 8);
+    REQUIRE(!ids.empty());
+    CHECK(ids.front() == 2);
+  } else {
+    CHECK(model.config().num_kv_heads == 2);
+  }
   ex::full_cache cache;
   std::vector<std::vector<float>> steps;
   const auto greedy = model.generate_greedy(ids, static_cast<int>(ref_greedy.size()), cache,
@@ -135,16 +152,30 @@ TEST_CASE("engine: tiny-recall matches the golden logits and greedy continuation
     CHECK(std::abs(steps[s][static_cast<std::size_t>(greedy[s])] - ref_step_max[s]) <= 2e-3f);
   }
   // every layer and KV head kept the whole sequence (prompt + decoded tokens but the last)
-  CHECK(cache.kept_tokens(0, 0) == static_cast<std::int64_t>(ids.size() + ref_greedy.size() - 1));
+  for (int h = 0; h < model.config().num_kv_heads; ++h) {
+    CHECK(cache.kept_tokens(model.config().num_layers - 1, h) ==
+          static_cast<std::int64_t>(ids.size() + ref_greedy.size() - 1));
+  }
 }
 
-TEST_CASE("engine: the shipped copy in data/tiny-recall loads and agrees with the shared one",
-          "[engine]") {
-  const auto local = ex::llama_model::load(std::string(KVSIFT_SOURCE_DIR) + "/data/tiny-recall");
-  const auto ids = ex::byte_tokenize("the pass key is 12345. remember it. what is the pass key?");
-  ex::full_cache a;
-  ex::full_cache b;
-  CHECK(local.prefill(ids, a) == tiny_recall().prefill(ids, b));
+TEST_CASE("engine: recall-8kv answers its shipped passkey prompts with the full cache",
+          "[engine][eval]") {
+  const auto items = ex::load_eval_jsonl(data_dir + "/eval/recall-8kv/passkey.jsonl");
+  REQUIRE(items.size() == 36);
+  std::vector<ex::eval_item> subset;
+  for (const auto& it : items) {  // one prompt of each context length keeps the test short
+    if (subset.size() < 3 && (subset.empty() || subset.back().context_len != it.context_len)) {
+      subset.push_back(it);
+    }
+  }
+  for (const auto& it : subset) CHECK(it.prompt.front() == '\x02');  // the BOS byte
+  ex::full_cache cache;
+  const auto results = ex::run_eval(recall_8kv(), subset, cache);
+  REQUIRE(results.size() == subset.size());
+  for (const auto& r : results) {
+    CAPTURE(r.id, r.output, r.answer);
+    CHECK(r.exact);
+  }
 }
 
 TEST_CASE("engine: the KV cache is called per layer in the documented order", "[engine]") {
@@ -345,7 +376,7 @@ TEST_CASE("safetensors: errors name the file, the tensor and what was expected",
   SECTION("a model directory with a mis-shaped weight") {
     const std::string dir = temp_path("bad_model");
     std::filesystem::create_directories(dir);
-    std::filesystem::copy_file(shared_model_dir + "/config.json", dir + "/config.json",
+    std::filesystem::copy_file(tiny_recall_dir + "/config.json", dir + "/config.json",
                                std::filesystem::copy_options::overwrite_existing);
     io::write_safetensors(dir + "/model.safetensors", m);
     try {

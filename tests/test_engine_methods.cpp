@@ -139,7 +139,8 @@ TEST_CASE("engine methods: snapkv at 25% keeps floor(0.25 n) tokens per KV head 
     }
     const auto st = cache.stats();
     CHECK(st.resident_bytes == kept_bytes(cache, cfg));
-    CHECK(st.resident_bytes == cache.store().resident_bytes());
+    CHECK(st.resident_bytes == cache.method().resident_bytes());
+    CHECK(cache.prompt_resident_bytes() == st.resident_bytes);
     CHECK(st.resident_tokens == static_cast<std::int64_t>(B) * cfg.num_layers * cfg.num_kv_heads);
     // the resident share the eval reports: B of n tokens
     const double full = static_cast<double>(n) * cfg.num_layers * cfg.num_kv_heads * 2 *
@@ -198,7 +199,7 @@ TEST_CASE("engine methods: a custom composition plugs in through method_cache",
         CHECK(cache.kept_tokens(l, h) == kvsift::budget::tokens_from_keep_fraction(n, 0.25));
       }
     }
-    CHECK(cache.store().position(0, 0) == 0);  // the sinks stay
+    CHECK(cache.method().position(0, 0) == 0);  // the sinks stay
     // the whole evaluation path runs through it too
     const auto r = ex::run_item(model, item, cache);
     CHECK(r.output.size() == item.answer.size());
@@ -214,4 +215,179 @@ TEST_CASE("engine methods: kvsift_cache rejects unknown names and bad fractions"
   CHECK_THROWS_AS(ex::kvsift_cache("snapkv", 0.0), kvsift::error);
   CHECK_THROWS_AS(ex::kvsift_cache("snapkv", 1.5), kvsift::error);
   for (const auto& name : kvsift::method_names()) CHECK_NOTHROW(ex::kvsift_cache(name, 0.25));
+}
+
+namespace {
+
+const ex::llama_model& recall_8kv() {
+  static const ex::llama_model model = ex::llama_model::load(data_dir + "/recall-8kv");
+  return model;
+}
+
+// Records one prompt's per-layer K/V/Q from the engine's prefill, to replay into many caches.
+class capture_cache : public ex::kv_cache {
+ public:
+  void start(const ex::cache_shape& s) override {
+    shape = s;
+    k.assign(static_cast<std::size_t>(s.num_layers), {});
+    v = k;
+    q = k;
+  }
+  void prefill(int layer, int, std::span<const float> kk, std::span<const float> vv,
+               std::span<const float> qq) override {
+    const auto l = static_cast<std::size_t>(layer);
+    k[l].assign(kk.begin(), kk.end());
+    v[l].assign(vv.begin(), vv.end());
+    q[l].assign(qq.begin(), qq.end());
+  }
+  void decode(int, std::span<const float>, std::span<const float>, std::span<const float>, int,
+              std::span<float>) override {
+    FAIL("prefill only");
+  }
+  [[nodiscard]] std::int64_t kept_tokens(int, int) const override { return 0; }
+  void replay(ex::kv_cache& c) const {
+    c.start(shape);
+    for (int l = 0; l < shape.num_layers; ++l) {
+      const auto L = static_cast<std::size_t>(l);
+      c.prefill(l, shape.prompt_len, k[L], v[L], q[L]);
+    }
+  }
+  ex::cache_shape shape;
+  std::vector<std::vector<float>> k, v, q;
+};
+
+// The device-resident share of the prompt's KV after `cache`'s prefill.
+double resident_share(const ex::kvsift_cache& cache, const ex::cache_shape& s) {
+  const double full = static_cast<double>(s.prompt_len) * s.num_layers * s.num_kv_heads * 2 *
+                      s.head_dim * sizeof(float);
+  return static_cast<double>(cache.prompt_resident_bytes()) / full;
+}
+
+}  // namespace
+
+TEST_CASE("engine methods: --match resident puts every method at the target resident share",
+          "[engine][methods][match]") {
+  // one prompt of each context length of each shipped model (the BOS one included)
+  struct prompt {
+    const ex::llama_model* model;
+    ex::eval_item item;
+  };
+  std::vector<prompt> prompts;
+  const auto tiny = ex::load_eval_jsonl(data_dir + "/eval/passkey.jsonl");
+  const auto kv8 = ex::load_eval_jsonl(data_dir + "/eval/recall-8kv/chain.jsonl");
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back({&shipped_model(), tiny.at(static_cast<std::size_t>(i))});
+    prompts.push_back({&recall_8kv(), kv8.at(static_cast<std::size_t>(i))});
+  }
+  const auto& reg = kvsift::default_method_registry<float>();
+  for (const auto& p : prompts) {
+    capture_cache cap;
+    const auto ids = ex::byte_tokenize(p.item.prompt);
+    (void)p.model->prefill(ids, cap, static_cast<int>(p.item.answer.size()));
+    for (const double target : {0.25, 0.375, 0.5}) {
+      for (const auto& name : reg.names()) {
+        CAPTURE(p.item.id, ids.size(), target, name);
+        ex::kvsift_cache cache(name, target,
+                               ex::cache_options{.keep_fraction = std::nullopt, .roles_file = {},
+                                                 .match_resident = true, .registry = nullptr});
+        cap.replay(cache);
+        const double share = resident_share(cache, cap.shape);
+        CAPTURE(share, cache.parameter_note());
+        if (reg.at(name).for_resident_fraction) {
+          CHECK(std::abs(share - target) <= 0.02);
+          CHECK(!cache.parameter_note().empty());
+        } else {
+          CHECK(share == 1.0);  // full_kv and Quest keep the whole prompt resident by design
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("engine methods: LagKV's resident hook solves its closed form for the prompt length",
+          "[engine][methods][match]") {
+  const auto& reg = kvsift::default_method_registry<float>();
+  kvsift::method_config base;
+  base.shape = {.layers = 1, .q_heads = 2, .kv_heads = 2, .head_dim = 8};
+  base.capacity = 4096;
+  for (const int n : {505, 1014, 2038}) {
+    base.prompt_len = n;
+    for (const double f : {0.25, 0.375, 0.5}) {
+      CAPTURE(n, f);
+      const auto c = reg.for_resident_fraction("lagkv", base, f);
+      REQUIRE(c.has_value());
+      const int lag = static_cast<int>(c->options.at("lag"));
+      const int keep = static_cast<int>(std::lround(c->options.at("keep_fraction") * lag));
+      const int resident = n - ((n - 16) / lag - 1) * (lag - keep);
+      CHECK(std::abs(resident - f * n) <= 0.02 * n);
+    }
+  }
+  CHECK_FALSE(reg.for_resident_fraction("quest", base, 0.25).has_value());
+  CHECK_FALSE(reg.for_resident_fraction("full_kv", base, 0.25).has_value());
+  CHECK_THROWS_AS(reg.for_resident_fraction("snapkv", base, 0.0), kvsift::error);
+  CHECK_THROWS_AS(reg.for_resident_fraction("no_such_method", base, 0.25), kvsift::error);
+}
+
+TEST_CASE("engine methods: a registry entry over another store plugs into the engine cache",
+          "[engine][methods][registry]") {
+  // A method whose store is not store::dense (here store::paged) registered by name, the way
+  // SyncKV, HeteroCache and FreeKV register over store::tiered: the entry builds its own store.
+  using paged_t = kvsift::store::paged<float>;
+  kvsift::method_registry<float> reg;
+  std::string roles_seen;
+  reg.add({"paged_snapkv",
+           [&roles_seen](const kvsift::method_config& c) {
+             roles_seen = c.roles_file;
+             const int pages = c.shape.layers * c.shape.kv_heads * (c.capacity / 16 + 2);
+             auto st = std::make_unique<paged_t>(c.shape, c.requests, 16, pages);
+             return std::unique_ptr<kvsift::any_kv_method<float>>(
+                 std::make_unique<kvsift::erased_method<kvsift::snapkv<paged_t>>>(
+                     "paged_snapkv", std::move(st), kvsift::snapkv_params<paged_t>(c.budget)));
+           },
+           kvsift::detail::budget_for_fraction});
+  CHECK_THROWS_AS(reg.add({"paged_snapkv", reg.at("paged_snapkv").make, {}}), kvsift::error);
+  CHECK(reg.names() == std::vector<std::string>{"paged_snapkv"});
+
+  const auto& model = recall_8kv();
+  const auto items = ex::load_eval_jsonl(data_dir + "/eval/recall-8kv/passkey.jsonl");
+  const auto& item = items.at(0);
+  ex::kvsift_cache paged("paged_snapkv", 0.25,
+                         ex::cache_options{.keep_fraction = std::nullopt,
+                                           .roles_file = "roles.json", .match_resident = true,
+                                           .registry = &reg});
+  ex::kvsift_cache dense("snapkv", 0.25,
+                         ex::cache_options{.keep_fraction = std::nullopt, .roles_file = {},
+                                           .match_resident = true, .registry = nullptr});
+  paged.set_attention_kernel(ex::attention_kernel::engine);  // falls back: rows not contiguous
+  dense.set_attention_kernel(ex::attention_kernel::engine);
+  const auto a = ex::run_item(model, item, paged);
+  const auto b = ex::run_item(model, item, dense);
+  CHECK(roles_seen == "roles.json");  // --roles reaches the factory
+  CHECK_FALSE(paged.method().contiguous_rows());
+  CHECK(dense.method().contiguous_rows());
+  CHECK(a.output == b.output);
+  CHECK(paged.budget_tokens() == dense.budget_tokens());
+  const auto& cfg = model.config();
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    for (int h = 0; h < cfg.num_kv_heads; ++h) {
+      CAPTURE(l, h);
+      REQUIRE(paged.kept_tokens(l, h) == dense.kept_tokens(l, h));
+      const auto seq = paged.method().shape().sequence(0, l, h);
+      for (int j = 0; j < paged.kept_tokens(l, h); ++j) {
+        REQUIRE(paged.method().position(seq, j) == dense.method().position(seq, j));
+      }
+    }
+  }
+  CHECK_THROWS_AS(ex::kvsift_cache("snapkv", 0.25,
+                                   ex::cache_options{.keep_fraction = std::nullopt,
+                                                     .roles_file = {}, .match_resident = false,
+                                                     .registry = &reg}),
+                  kvsift::error);  // not in that registry
+}
+
+TEST_CASE("engine methods: the default registry holds the named methods", "[engine][methods]") {
+  const auto names = kvsift::default_method_registry<float>().names();
+  for (const auto& n : kvsift::method_names()) {
+    CHECK(std::find(names.begin(), names.end(), n) != names.end());
+  }
 }

@@ -12,9 +12,12 @@
 // the method's own prefill work (its compression round).
 //
 //   kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]
-//               [--budgets 0.25,0.5] [--json] [--plot FILE.svg] [--limit N]
-//               [--kernel library|engine]
-// Defaults: data/tiny-recall, data/eval/{passkey,chain}.jsonl, every method, budget 0.25.
+//               [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE] [--json]
+//               [--plot FILE.svg] [--limit N] [--kernel library|engine]
+// Defaults: both shipped models, each on its own prompts (data/tiny-recall on
+// data/eval/{passkey,chain}.jsonl, data/recall-8kv on 12 prompts of each of
+// data/eval/recall-8kv/{passkey,chain}.jsonl), every method, budget 0.25 matched as the
+// device-resident share of the prompt's KV (--match resident).
 
 #include "commands.hpp"
 
@@ -100,7 +103,9 @@ struct config {
   double budget = 0.0;
   std::unique_ptr<ex::kvsift_cache> cache;
   std::vector<ex::eval_result> results;
-  std::vector<double> resident;  // per prompt: resident KV bytes at the end / full-KV bytes
+  std::vector<double> resident;  // per prompt: resident KV bytes after the prompt / its full KV
+  std::vector<double> resident_end;  // per prompt: resident KV bytes after decoding / full KV
+  std::vector<std::string> notes;    // per prompt: what the resident-fraction hook set
   std::vector<double> read;      // per prompt: KV tokens attention read / a full cache's
   std::vector<int> budget_tokens;
   std::vector<std::vector<int>> layer_budgets;  // per prompt: the last budget of each layer
@@ -241,7 +246,7 @@ std::string budget_label(double b) {
 }
 
 void print_tables(const std::vector<config>& configs, const std::vector<int>& contexts,
-                  const std::map<std::string, int>& task_counts) {
+                  const std::map<std::string, int>& task_counts, bool match_resident) {
   std::string counts;
   for (const char* first : {"passkey", "chain"}) {
     if (task_counts.count(first)) counts += (counts.empty() ? "" : ", ") + std::string(first) +
@@ -250,9 +255,9 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
   for (const auto& [task, n] : task_counts) {
     if (task != "passkey" && task != "chain") counts += ", " + task + " " + std::to_string(n);
   }
-  std::printf("prompts: %s; greedy decoding, exact match; budget = fraction of the prompt kept "
-              "per KV head\n\n",
-              counts.c_str());
+  std::printf("prompts: %s; greedy decoding, exact match; budget = %s\n\n", counts.c_str(),
+              match_resident ? "target device-resident share of the prompt's KV (--match resident)"
+                             : "fraction of the prompt kept per KV head (--match budget)");
   std::printf("%-14s %6s %8s %6s %8s %6s %6s %8s %9s\n", "method", "budget", "KV res.",
               "read", "passkey", "chain", "hops", "tok/s", "prefill s");
   for (const auto& c : configs) {
@@ -263,8 +268,15 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
     }
     const auto pk = numbers(c, "passkey", 0);
     const auto ch = numbers(c, "chain", 0);
+    // the resident share with one decimal; '*' where --match resident missed the target by more
+    // than 2 points (a method whose parameter cannot reach it) — not full_kv / quest by design
+    char res[24];
+    const double rm = mean(c.resident);
+    const bool by_design = c.method == "full_kv" || c.method == "quest";
+    std::snprintf(res, sizeof res, "%.1f%%%s", 100.0 * rm,
+                  match_resident && !by_design && std::abs(rm - c.budget) > 0.02 ? "*" : "");
     std::printf("%-14s %6s %8s %6s %8s %6s %6s %8.1f %9.3f\n", c.method.c_str(),
-                budget_label(c.budget).c_str(), pct(mean(c.resident), true).c_str(),
+                budget_label(c.budget).c_str(), res,
                 pct(mean(c.read), true).c_str(), pct(pk.exact, pk.n > 0).c_str(),
                 pct(ch.exact, ch.n > 0).c_str(), pct(ch.hops, ch.n > 0).c_str(),
                 tokens_per_second(c), mean_prefill(c));
@@ -300,10 +312,12 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
     std::printf("\n");
   }
   std::printf(
-      "\nKV res.: device-resident KV bytes at the end of a prompt / a full cache's (mean over\n"
-      "prompts); read: KV tokens a decode step's attention reads / a full cache's; hops: chain\n"
-      "hops right before the first wrong one; tok/s: decode steps per second (batch 1);\n"
-      "prefill s: the engine's forward pass + the method's prefill work, per prompt.\n");
+      "\nKV res.: device-resident KV bytes right after the prompt / the prompt's full KV (mean\n"
+      "over prompts; full_kv and quest keep it all by design; * = more than 2 points from the\n"
+      "target); read: KV tokens a decode step's\n"
+      "attention reads / a full cache's; hops: chain hops right before the first wrong one;\n"
+      "tok/s: decode steps per second (batch 1); prefill s: the engine's forward pass + the\n"
+      "method's prefill work, per prompt.\n");
 }
 
 // Per-layer budgets of a prompt; null for a layer without a token budget (full_kv, LagKV).
@@ -320,12 +334,13 @@ nlohmann::json layer_budgets_json(const std::vector<int>& b) {
 }
 
 nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_name,
-                       const std::vector<std::string>& files,
+                       const std::string& match, const std::vector<std::string>& files,
                        const std::vector<config>& configs, const std::vector<int>& contexts) {
   nlohmann::json j;
   j["model"] = model_dir;
   j["prompts"] = files;
   j["kernel"] = kernel_name;
+  j["match"] = match;
   j["runs"] = nlohmann::json::array();
   for (const auto& c : configs) {
     nlohmann::json r;
@@ -337,6 +352,7 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
       continue;
     }
     r["resident_kv"] = mean(c.resident);
+    r["resident_kv_end"] = mean(c.resident_end);
     r["read_kv"] = mean(c.read);
     r["decode_tokens_per_s"] = tokens_per_second(c);
     r["prefill_s"] = mean_prefill(c);
@@ -365,6 +381,7 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
                         {"layer_budgets", layer_budgets_json(c.layer_budgets[i])},
                         {"answer", x.answer},   {"output", x.output},
                         {"exact", x.exact},     {"resident_kv", c.resident[i]},
+                        {"resident_kv_end", c.resident_end[i]}, {"params", c.notes[i]},
                         {"prefill_s", x.prefill_seconds}, {"decode_s", x.decode_seconds}};
       if (x.task == "chain") it["hops_right"] = x.hops_right;
       r["items"].push_back(it);
@@ -511,83 +528,62 @@ int parse_limit(const std::string& s) {
 
 }  // namespace
 
-int eval(const std::vector<std::string>& args) {
-  if (flag(args, "--help") || flag(args, "-h")) {
-    std::puts(
-        "usage: kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]\n"
-        "                   [--budgets 0.25,0.5] [--json] [--plot FILE.svg] [--limit N]\n"
-        "                   [--kernel library|engine]\n"
-        "  defaults: --model data/tiny-recall, --prompts data/eval/passkey.jsonl,\n"
-        "  data/eval/chain.jsonl (relative paths also resolve against the source tree), every\n"
-        "  method, budget 0.25 (fraction of the prompt kept per KV head), all prompts, the\n"
-        "  library's attention over each plan (--kernel engine: the engine's attend_decode).");
-    return 0;
-  }
-  static const std::set<std::string> known = {"--model", "--prompts", "--methods", "--budgets",
-                                              "--json",  "--plot",    "--limit",   "--kernel"};
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    require(known.count(args[i]) > 0, "kvsift eval", "argument", args[i],
-            "one of --model --prompts --methods --budgets --json --plot --limit --kernel");
-    if (args[i] != "--json") {
-      require(i + 1 < args.size(), "kvsift eval", args[i], "missing", "a value");
-      ++i;
-    }
-  }
-  const std::string model_dir = resolve(option(args, "--model", "data/tiny-recall"));
+// One model and its prompts.
+struct job {
+  std::string model_dir;
   std::vector<std::string> files;
-  for (const auto& f :
-       split_list(option(args, "--prompts", "data/eval/passkey.jsonl,data/eval/chain.jsonl"))) {
-    files.push_back(resolve(f));
-  }
-  std::vector<std::string> methods = split_list(option(args, "--methods", ""));
-  if (methods.empty()) methods = method_names();
-  std::vector<double> budgets;
-  for (const auto& b : split_list(option(args, "--budgets", "0.25"))) {
-    budgets.push_back(parse_budget(b));
-  }
-  require(!budgets.empty() && !files.empty(), "kvsift eval", "--budgets/--prompts", "empty",
-          "at least one value");
-  const int limit = parse_limit(option(args, "--limit", "0"));
-  const bool json = flag(args, "--json");
-  const std::string plot = option(args, "--plot", "");
-  const std::string kernel_name = option(args, "--kernel", "library");
-  require(kernel_name == "library" || kernel_name == "engine", "kvsift eval", "--kernel",
-          kernel_name, "library (kvsift's attention over the plan) or engine (attend_decode)");
-  const auto kernel =
-      kernel_name == "engine" ? ex::attention_kernel::engine : ex::attention_kernel::library;
+  int limit = 0;  // prompts per file (0 = all)
+};
 
-  const auto model = ex::llama_model::load(model_dir);
+// Everything a job needs from the command line.
+struct run_options {
+  std::vector<std::string> methods;
+  std::vector<double> budgets;
+  bool match_resident = true;
+  std::string roles_file;
+  ex::attention_kernel kernel = ex::attention_kernel::library;
+  std::string kernel_name;
+};
+
+// Runs one job; prints its tables (or returns its JSON) and fills `configs` (for the plot).
+nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool print_header,
+                       std::vector<config>& configs) {
+  const auto model = ex::llama_model::load(jb.model_dir);
   std::vector<ex::eval_item> items;
   std::map<std::string, int> task_counts;
   std::set<int> context_set;
-  for (const auto& f : files) {
+  for (const auto& f : jb.files) {
     auto part = ex::load_eval_jsonl(f);
-    if (limit > 0 && static_cast<int>(part.size()) > limit) part.resize(static_cast<std::size_t>(limit));
+    if (jb.limit > 0 && static_cast<int>(part.size()) > jb.limit) {
+      part.resize(static_cast<std::size_t>(jb.limit));
+    }
     for (auto& it : part) {
       ++task_counts[it.task];
       context_set.insert(it.context_len);
       items.push_back(std::move(it));
     }
   }
-  require(!items.empty(), "kvsift eval", "--prompts", option(args, "--prompts", ""),
+  require(!items.empty(), "kvsift eval", "--prompts", jb.files.front(),
           "files with at least one prompt");
   const std::vector<int> contexts(context_set.begin(), context_set.end());
 
-  std::vector<config> configs;
-  for (const auto& m : methods) {
-    for (double b : budgets) {
+  configs.clear();
+  for (const auto& m : o.methods) {
+    for (double b : o.budgets) {
       config c;
       c.method = m;
       c.budget = b;
-      c.cache = std::make_unique<ex::kvsift_cache>(m, b);  // throws for an unknown name
-      c.cache->set_attention_kernel(kernel);
+      c.cache = std::make_unique<ex::kvsift_cache>(  // throws for an unknown name
+          m, b, ex::cache_options{.keep_fraction = std::nullopt, .roles_file = o.roles_file,
+                                 .match_resident = o.match_resident, .registry = nullptr});
+      c.cache->set_attention_kernel(o.kernel);
       configs.push_back(std::move(c));
     }
   }
 
   const int total = static_cast<int>(items.size() * configs.size());
   std::fprintf(stderr, "kvsift eval: %s, %zu prompts x %zu methods x %zu budgets\n",
-               model_dir.c_str(), items.size(), methods.size(), budgets.size());
+               jb.model_dir.c_str(), items.size(), o.methods.size(), o.budgets.size());
   progress bar(total);
   const auto& cfg = model.config();
   const std::int64_t row_bytes =
@@ -611,15 +607,17 @@ int eval(const std::vector<std::string>& args) {
         try {
           c.results.push_back(run_one(model, item, cap, logits, forward, *c.cache));
           const auto& r = c.results.back();
-          const std::int64_t full = static_cast<std::int64_t>(r.prompt_len + r.decode_steps) * row_bytes;
-          c.resident.push_back(static_cast<double>(c.cache->stats().resident_bytes) /
-                               static_cast<double>(full));
+          const auto prompt_bytes = static_cast<double>(r.prompt_len * row_bytes);
+          const auto end_bytes = static_cast<double>((r.prompt_len + r.decode_steps) * row_bytes);
+          c.resident.push_back(static_cast<double>(c.cache->prompt_resident_bytes()) / prompt_bytes);
+          c.resident_end.push_back(static_cast<double>(c.cache->stats().resident_bytes) / end_bytes);
           c.read.push_back(c.cache->full_attended_tokens() > 0
                                ? static_cast<double>(c.cache->attended_tokens()) /
                                      static_cast<double>(c.cache->full_attended_tokens())
                                : 1.0);
           c.budget_tokens.push_back(c.cache->budget_tokens());
           c.layer_budgets.push_back(c.cache->stats().layer_budgets);
+          c.notes.push_back(c.cache->parameter_note());
         } catch (const kvsift::error& e) {
           c.error = e.what();
           if (c.results.size() > c.resident.size()) c.results.pop_back();
@@ -630,17 +628,129 @@ int eval(const std::vector<std::string>& args) {
       bar.update(done, c.method + " " + budget_label(c.budget) + " " + item.id);
     }
   }
-
-  if (json) {
-    std::printf("%s\n", to_json(model_dir, kernel_name, files, configs, contexts).dump(2).c_str());
-  } else {
-    print_tables(configs, contexts, task_counts);
+  const std::string match = o.match_resident ? "resident" : "budget";
+  if (json) return to_json(jb.model_dir, o.kernel_name, match, jb.files, configs, contexts);
+  if (print_header) {
+    std::printf("== model %s (%d layers, %d query heads, %d KV heads)\n",
+                std::filesystem::path(jb.model_dir).filename().string().c_str(), cfg.num_layers,
+                cfg.num_q_heads, cfg.num_kv_heads);
   }
-  if (!plot.empty()) {
-    std::ofstream out(plot, std::ios::trunc);
-    require(static_cast<bool>(out), "kvsift eval", "--plot", plot, "a writable file");
-    out << svg_chart(configs);
-    std::fprintf(stderr, "kvsift eval: wrote %s\n", plot.c_str());
+  print_tables(configs, contexts, task_counts, o.match_resident);
+  return {};
+}
+
+// The shipped prompts of a shipped model: recall-8kv has its own (with the BOS byte).
+std::vector<std::string> default_prompts(const std::string& model_dir) {
+  if (std::filesystem::path(model_dir).filename() == "recall-8kv") {
+    return {resolve("data/eval/recall-8kv/passkey.jsonl"),
+            resolve("data/eval/recall-8kv/chain.jsonl")};
+  }
+  return {resolve("data/eval/passkey.jsonl"), resolve("data/eval/chain.jsonl")};
+}
+
+int eval(const std::vector<std::string>& args) {
+  if (flag(args, "--help") || flag(args, "-h")) {
+    std::puts(
+        "usage: kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]\n"
+        "                   [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE]\n"
+        "                   [--json] [--plot FILE.svg] [--limit N] [--kernel library|engine]\n"
+        "  defaults: both shipped models, each on its shipped prompts: data/tiny-recall on\n"
+        "  data/eval/{passkey,chain}.jsonl (12 + 12) and data/recall-8kv on the first 12 of\n"
+        "  data/eval/recall-8kv/{passkey,chain}.jsonl (--limit 12); with --model, that model on\n"
+        "  its shipped prompts (all of them); relative paths also resolve against the source tree.\n"
+        "  Every method, budget 0.25. --match resident (default): the budget is the target\n"
+        "  device-resident share of the prompt's KV at the end of the prompt, each method's\n"
+        "  parameter set for it (full_kv and quest keep the whole prompt resident by design);\n"
+        "  --match budget: the budget is the fraction of the prompt kept per KV head\n"
+        "  (floor(b * n) tokens; LagKV keeps that share of each partition). --roles FILE: a\n"
+        "  head-roles file handed to the methods that take one. --kernel engine: the engine's\n"
+        "  attend_decode over each plan instead of the library's attention.");
+    return 0;
+  }
+  static const std::set<std::string> known = {"--model", "--prompts", "--methods", "--budgets",
+                                              "--json",  "--plot",    "--limit",   "--kernel",
+                                              "--match", "--roles"};
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    require(known.count(args[i]) > 0, "kvsift eval", "argument", args[i],
+            "one of --model --prompts --methods --budgets --match --roles --json --plot --limit "
+            "--kernel");
+    if (args[i] != "--json") {
+      require(i + 1 < args.size(), "kvsift eval", args[i], "missing", "a value");
+      ++i;
+    }
+  }
+  run_options o;
+  o.methods = split_list(option(args, "--methods", ""));
+  if (o.methods.empty()) o.methods = default_method_registry<float>().names();
+  for (const auto& b : split_list(option(args, "--budgets", "0.25"))) {
+    o.budgets.push_back(parse_budget(b));
+  }
+  require(!o.budgets.empty(), "kvsift eval", "--budgets", "empty", "at least one value");
+  const std::string match = option(args, "--match", "resident");
+  require(match == "resident" || match == "budget", "kvsift eval", "--match", match,
+          "resident (the budget is the device-resident KV share) or budget (tokens kept per head)");
+  o.match_resident = match == "resident";
+  o.roles_file = option(args, "--roles", "");
+  if (!o.roles_file.empty()) {
+    o.roles_file = resolve(o.roles_file);
+    require(std::filesystem::exists(o.roles_file), "kvsift eval", "--roles", o.roles_file,
+            "an existing head-roles file");
+  }
+  o.kernel_name = option(args, "--kernel", "library");
+  require(o.kernel_name == "library" || o.kernel_name == "engine", "kvsift eval", "--kernel",
+          o.kernel_name, "library (kvsift's attention over the plan) or engine (attend_decode)");
+  o.kernel = o.kernel_name == "engine" ? ex::attention_kernel::engine
+                                       : ex::attention_kernel::library;
+  const bool json = flag(args, "--json");
+  const std::string plot = option(args, "--plot", "");
+  const bool has_limit = !option(args, "--limit", "").empty();
+  const int limit = parse_limit(option(args, "--limit", "0"));
+
+  std::vector<job> jobs;
+  const std::string model_arg = option(args, "--model", "");
+  const std::string prompts_arg = option(args, "--prompts", "");
+  if (model_arg.empty() && prompts_arg.empty()) {
+    // the main job: both shipped models on their own prompts
+    jobs.push_back({resolve("data/tiny-recall"), default_prompts("data/tiny-recall"), limit});
+    jobs.push_back({resolve("data/recall-8kv"), default_prompts("data/recall-8kv"),
+                    has_limit ? limit : 12});
+  } else {
+    job jb;
+    jb.model_dir = resolve(model_arg.empty() ? "data/tiny-recall" : model_arg);
+    if (prompts_arg.empty()) {
+      jb.files = default_prompts(jb.model_dir);
+    } else {
+      for (const auto& f : split_list(prompts_arg)) jb.files.push_back(resolve(f));
+    }
+    require(!jb.files.empty(), "kvsift eval", "--prompts", prompts_arg, "at least one file");
+    jb.limit = limit;
+    jobs.push_back(std::move(jb));
+  }
+
+  nlohmann::json all = nlohmann::json::array();
+  std::vector<config> configs;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    if (!json && j > 0) std::printf("\n");
+    all.push_back(run_job(jobs[j], o, json, jobs.size() > 1, configs));
+    if (!plot.empty()) {
+      // one chart per model: FILE.svg for the first, FILE.<model>.svg for the others
+      std::string path = plot;
+      if (j > 0) {
+        const std::filesystem::path pp(plot);
+        path = (pp.parent_path() / (pp.stem().string() + "." +
+                                    std::filesystem::path(jobs[j].model_dir).filename().string() +
+                                    pp.extension().string()))
+                   .string();
+      }
+      std::ofstream out(path, std::ios::trunc);
+      require(static_cast<bool>(out), "kvsift eval", "--plot", path, "a writable file");
+      out << svg_chart(configs);
+      std::fprintf(stderr, "kvsift eval: wrote %s\n", path.c_str());
+    }
+  }
+  if (json) {
+    const nlohmann::json out = all.size() == 1 ? all[0] : nlohmann::json{{"jobs", all}};
+    std::printf("%s\n", out.dump(2).c_str());
   }
   return 0;
 }

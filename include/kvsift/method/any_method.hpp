@@ -1,46 +1,89 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Choosing a method by name at run time (a CLI flag, an engine config): a type-erased handle
-// over any composition, and a factory for the named methods with their paper defaults.
-// The compositions themselves stay compile-time; only this thin layer is virtual.
+// Choosing a method by name at run time (a CLI flag, an engine config). Two layers, both thin
+// (the compositions themselves stay compile-time; only this layer is virtual):
+//
+//   any_kv_method<T>   the erased lifecycle of ANY method over element type T, whatever its store
+//                      (store::dense, store::paged, store::tiered): prefill, decode, attend,
+//                      after_attention, reset, stats, caps, plus read access to the working set
+//                      attention reads. An engine holds one of these.
+//   any_method<Store>  the same for a method over a caller-owned Store, with store() access
+//                      (make_method(name, store, budget)).
+//
+// method_registry<T> maps a name to a factory that builds the method AND its store from a
+// method_config (model shape, request slots, capacity, prompt length, budget, options, head-roles
+// file), and optionally to a hook that sets the parameters giving a device-resident KV fraction
+// (for `kvsift eval --match resident`). default_method_registry<T>() holds the named methods;
+// builtin_method_entries<T>() below is THE registration point: a new method (SyncKV,
+// HeteroCache, FreeKV, ...) adds one entry there.
 
 #include <kvsift/method/baselines.hpp>
 #include <kvsift/method/dynamickv.hpp>
 #include <kvsift/method/lagkv.hpp>
 #include <kvsift/method/method.hpp>
+#include <kvsift/store/dense.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace kvsift {
 
-template <KvStore Store>
-class any_method {
+// The erased lifecycle of a method over element type T; it owns or references its store.
+template <Element T>
+class any_kv_method {
  public:
-  using element_type = typename Store::element_type;
-  virtual ~any_method() = default;
-  virtual void prefill(int layer, std::span<const prefill_chunk<element_type>> chunks) = 0;
-  virtual const attention_plan& decode(int layer,
-                                       std::span<const decode_token<element_type>> tokens) = 0;
-  virtual void attend(int layer, std::span<const decode_token<element_type>> tokens,
-                      float* out) const = 0;
-  virtual void after_attention(int layer, std::span<const decode_token<element_type>> tokens) = 0;
+  using element_type = T;
+  virtual ~any_kv_method() = default;
+  virtual void prefill(int layer, std::span<const prefill_chunk<T>> chunks) = 0;
+  virtual const attention_plan& decode(int layer, std::span<const decode_token<T>> tokens) = 0;
+  virtual void attend(int layer, std::span<const decode_token<T>> tokens, float* out) const = 0;
+  virtual void after_attention(int layer, std::span<const decode_token<T>> tokens) = 0;
   virtual void reset(int request) = 0;
   [[nodiscard]] virtual method_stats stats() const = 0;
   [[nodiscard]] virtual capabilities caps() const = 0;
   [[nodiscard]] virtual const std::string& name() const = 0;
+  // The working set attention reads (the store's KvStore view): shape, per head-sequence length,
+  // the row of a slot and its original position, the next position of (request, layer).
+  [[nodiscard]] virtual model_shape shape() const = 0;
+  [[nodiscard]] virtual int length(std::int64_t seq) const = 0;
+  [[nodiscard]] virtual std::int32_t position(std::int64_t seq, int slot) const = 0;
+  [[nodiscard]] virtual const T* key(std::int64_t seq, int slot) const = 0;
+  [[nodiscard]] virtual const T* value(std::int64_t seq, int slot) const = 0;
+  [[nodiscard]] virtual std::int32_t next_position(int request, int layer) const = 0;
+  [[nodiscard]] virtual std::int64_t resident_bytes() const = 0;
+  // True when the rows of a head-sequence are contiguous, slot j at key(seq, 0) + j * head_dim
+  // (store::dense): a kernel may then index rows by the plan's slots directly.
+  [[nodiscard]] virtual bool contiguous_rows() const = 0;
 };
 
-// any_method over a concrete composition M.
+// any_kv_method over a Store the caller can reach.
+template <KvStore Store>
+class any_method : public any_kv_method<typename Store::element_type> {
+ public:
+  [[nodiscard]] virtual Store& store() = 0;
+  [[nodiscard]] virtual const Store& store() const = 0;
+};
+
+// any_method over a concrete method M (a kvsift::method composition, or any class with the same
+// lifecycle and a `store_type`), over a caller-owned store or one it owns (built before M).
 template <class M>
 class erased_method final : public any_method<typename M::store_type> {
  public:
   using T = typename M::element_type;
-  erased_method(std::string name, typename M::store_type& store, typename M::params p)
-      : name_(std::move(name)), m_(store, p) {}
+  using Store = typename M::store_type;
+  erased_method(std::string name, Store& store, typename M::params p)
+      : name_(std::move(name)), store_(&store), m_(*store_, std::move(p)) {}
+  erased_method(std::string name, std::unique_ptr<Store> owned, typename M::params p)
+      : name_(std::move(name)), owned_(std::move(owned)), store_(owned_.get()),
+        m_(*store_, std::move(p)) {}
   void prefill(int layer, std::span<const prefill_chunk<T>> chunks) override {
     m_.prefill(layer, chunks);
   }
@@ -57,13 +100,34 @@ class erased_method final : public any_method<typename M::store_type> {
   [[nodiscard]] method_stats stats() const override { return m_.stats(); }
   [[nodiscard]] capabilities caps() const override { return M::caps; }
   [[nodiscard]] const std::string& name() const override { return name_; }
+  [[nodiscard]] model_shape shape() const override { return store_->shape(); }
+  [[nodiscard]] int length(std::int64_t seq) const override { return store_->length(seq); }
+  [[nodiscard]] std::int32_t position(std::int64_t seq, int slot) const override {
+    return store_->position(seq, slot);
+  }
+  [[nodiscard]] const T* key(std::int64_t seq, int slot) const override {
+    return store_->key(seq, slot);
+  }
+  [[nodiscard]] const T* value(std::int64_t seq, int slot) const override {
+    return store_->value(seq, slot);
+  }
+  [[nodiscard]] std::int32_t next_position(int request, int layer) const override {
+    return store_->next_position(request, layer);
+  }
+  [[nodiscard]] std::int64_t resident_bytes() const override { return store_->resident_bytes(); }
+  [[nodiscard]] bool contiguous_rows() const override {
+    return std::is_same_v<Store, store::dense<T, typename Store::memory_space>>;
+  }
+  [[nodiscard]] Store& store() override { return *store_; }
+  [[nodiscard]] const Store& store() const override { return *store_; }
   [[nodiscard]] M& get() { return m_; }
 
  private:
   std::string name_;
+  std::unique_ptr<Store> owned_;  // null when the caller owns the store
+  Store* store_;
   M m_;
 };
-
 // The names make_method knows, in the order tables list them.
 inline std::vector<std::string> method_names() {
   return {"full_kv", "streaming_llm", "h2o", "snapkv", "pyramidkv", "quest", "lagkv", "dynamickv"};
@@ -99,6 +163,198 @@ std::unique_ptr<any_method<Store>> make_method(std::string_view name, Store& sto
   std::string known;
   for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
   throw make_error("make_method", "name", name, "one of " + known);
+}
+
+// ---- the registry -------------------------------------------------------------------------
+
+// What a registry factory builds a method from. `budget` is in tokens per head-sequence (for the
+// methods with a token budget); `options` carries method-specific knobs by name (LagKV:
+// "keep_fraction", "lag", "sink"; SyncKV: "memory_fraction", ...), unset ones take the paper's
+// defaults; `roles_file` is a head-roles file (calibration) for the methods that need one.
+struct method_config {
+  model_shape shape;
+  int requests = 1;
+  int capacity = 0;    // tokens per head-sequence the store must hold (prompt + decode)
+  int prompt_len = 0;  // the prompt of request 0 (budgets derived from it)
+  int budget = 0;
+  std::map<std::string, double> options;
+  std::string roles_file;
+  std::string note;  // what a resident-fraction hook set, for tables ("B=126", "lag 16, keep 3")
+
+  [[nodiscard]] double option(const std::string& key, double fallback) const {
+    const auto it = options.find(key);
+    return it == options.end() ? fallback : it->second;
+  }
+};
+
+template <Element T>
+struct method_entry {
+  std::string name;
+  // Builds the method and the store it owns; throws kvsift::error for invalid parameters.
+  std::function<std::unique_ptr<any_kv_method<T>>(const method_config&)> make;
+  // params_for_resident_fraction: `base` with the method's parameters set so that its
+  // device-resident KV at the end of a prompt of base.prompt_len tokens is `fraction` of the
+  // prompt's KV (to within 2% when it can be reached; the closest otherwise). Empty when the
+  // method keeps all of the prompt resident by design (full_kv, Quest: they read less instead).
+  std::function<method_config(method_config base, double fraction)> for_resident_fraction;
+};
+
+// name -> method_entry; lookups throw kvsift::error naming the known methods.
+template <Element T>
+class method_registry {
+ public:
+  // Adds an entry; a name already present is an error.
+  void add(method_entry<T> e) {
+    require(!e.name.empty() && static_cast<bool>(e.make), "method_registry::add", "entry", e.name,
+            "a name and a factory");
+    require(find(e.name) == nullptr, "method_registry::add", "name", e.name, "a new name");
+    entries_.push_back(std::move(e));
+  }
+  [[nodiscard]] const method_entry<T>* find(std::string_view name) const {
+    for (const auto& e : entries_) {
+      if (e.name == name) return &e;
+    }
+    return nullptr;
+  }
+  [[nodiscard]] const method_entry<T>& at(std::string_view name) const {
+    const auto* e = find(name);
+    if (e == nullptr) {
+      std::string known;
+      for (const auto& x : entries_) known += (known.empty() ? "" : ", ") + x.name;
+      throw make_error("method_registry", "name", name, "one of " + known);
+    }
+    return *e;
+  }
+  [[nodiscard]] std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& e : entries_) out.push_back(e.name);
+    return out;
+  }
+  [[nodiscard]] std::unique_ptr<any_kv_method<T>> make(std::string_view name,
+                                                       const method_config& c) const {
+    return at(name).make(c);
+  }
+  // The config giving `fraction` of the prompt resident; nullopt when the method has no such
+  // parameter (its resident KV is the whole prompt by design).
+  [[nodiscard]] std::optional<method_config> for_resident_fraction(
+      std::string_view name, const method_config& base, double fraction) const {
+    require(fraction > 0.0 && fraction <= 1.0, "method_registry::for_resident_fraction",
+            "fraction", fraction, "in (0, 1]");
+    const auto& e = at(name);
+    if (!e.for_resident_fraction) return std::nullopt;
+    return e.for_resident_fraction(base, fraction);
+  }
+
+ private:
+  std::vector<method_entry<T>> entries_;
+};
+
+namespace detail {
+
+// LagKV's resident tokens after a prefill of n tokens (see method/lagkv.hpp).
+inline int lagkv_resident(int n, int sink, int lag, int keep) {
+  if (n < sink + 2 * lag) return n;
+  return n - (((n - sink) / lag) - 1) * (lag - keep);
+}
+
+// A store::dense<T> for the config, and M over it with params p.
+template <class M>
+std::unique_ptr<any_kv_method<typename M::element_type>> make_dense(const std::string& name,
+                                                                    const method_config& c,
+                                                                    typename M::params p) {
+  using store_t = typename M::store_type;
+  require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
+  auto st = std::make_unique<store_t>(c.shape, c.requests, c.capacity);
+  return std::make_unique<erased_method<M>>(name, std::move(st), std::move(p));
+}
+
+// A token-budget method whose resident KV after the prompt is its budget per head-sequence.
+inline method_config budget_for_fraction(method_config c, double fraction) {
+  c.budget = std::max(1, static_cast<int>(std::lround(fraction * c.prompt_len)));
+  c.note = "B=" + std::to_string(c.budget);
+  return c;
+}
+
+}  // namespace detail
+
+// THE registration point: one entry per named method, in the order tables list them. A method
+// over another store (store::tiered for SyncKV, HeteroCache, FreeKV) builds its own store in
+// `make` from c.shape, c.requests and c.capacity, reads its knobs from c.options / c.roles_file,
+// and states its resident-fraction parameter in `for_resident_fraction`.
+template <Element T>
+std::vector<method_entry<T>> builtin_method_entries() {
+  using D = store::dense<T>;
+  using detail::budget_for_fraction;
+  using detail::make_dense;
+  std::vector<method_entry<T>> e;
+  e.push_back({"full_kv", [](const method_config& c) {
+                 return make_dense<full_kv<D>>("full_kv", c, full_kv_params<D>());
+               }, {}});
+  e.push_back({"streaming_llm", [](const method_config& c) {
+                 return make_dense<streaming_llm<D>>("streaming_llm", c, streaming_llm_params<D>(c.budget));
+               }, budget_for_fraction});
+  e.push_back({"h2o", [](const method_config& c) {
+                 return make_dense<h2o<D>>("h2o", c, h2o_params<D>(c.budget));
+               }, budget_for_fraction});
+  e.push_back({"snapkv", [](const method_config& c) {
+                 return make_dense<snapkv<D>>("snapkv", c, snapkv_params<D>(c.budget));
+               }, budget_for_fraction});
+  e.push_back({"pyramidkv", [](const method_config& c) {
+                 return make_dense<pyramidkv<D>>("pyramidkv", c, pyramidkv_params<D>(c.budget));
+               }, budget_for_fraction});
+  // Quest keeps the whole cache resident and reads `budget` tokens' pages per step.
+  e.push_back({"quest", [](const method_config& c) {
+                 return make_dense<quest<D>>("quest", c, quest_params<D>(c.budget));
+               }, {}});
+  e.push_back({"lagkv", [](const method_config& c) {
+                 return make_dense<lagkv<D>>(
+                     "lagkv", c,
+                     lagkv_params<D>(static_cast<int>(c.option("sink", 16)),
+                                     static_cast<int>(c.option("lag", 128)),
+                                     c.option("keep_fraction", 0.5)));
+               },
+               // LagKV has no token budget: its resident KV is set by the kept share of each lag
+               // partition. The paper's lag (128) first, then shorter lags when a prompt is too
+               // short for 128 to reach the fraction (the last full partition stays raw).
+               [](method_config c, double fraction) {
+                 const int sink = static_cast<int>(c.option("sink", 16));
+                 const int n = c.prompt_len;
+                 const double target = fraction * n;
+                 int best_lag = 128, best_keep = 64;
+                 double best_err = 1e300;
+                 for (int lag : {128, 64, 32, 16, 8}) {
+                   for (int keep = 1; keep <= lag; ++keep) {
+                     const double err = std::abs(detail::lagkv_resident(n, sink, lag, keep) - target);
+                     if (err < best_err - 1e-9) {
+                       best_err = err;
+                       best_lag = lag;
+                       best_keep = keep;
+                     }
+                   }
+                   if (best_err <= 0.02 * n) break;  // within 2%: keep the longest lag
+                 }
+                 c.options["lag"] = best_lag;
+                 c.options["keep_fraction"] = static_cast<double>(best_keep) / best_lag;
+                 c.note = "lag " + std::to_string(best_lag) + ", keep " + std::to_string(best_keep);
+                 return c;
+               }});
+  e.push_back({"dynamickv", [](const method_config& c) {
+                 return make_dense<dynamickv<D>>("dynamickv", c, dynamickv_params<D>(c.budget));
+               }, budget_for_fraction});
+  // Register new methods here, e.g.
+  //   e.push_back({"synckv", [](const method_config& c) { ... store::tiered<T> ... }, hook});
+  return e;
+}
+
+// The registry of the named methods (built once).
+template <Element T>
+const method_registry<T>& default_method_registry() {
+  static const method_registry<T> r = [] {
+    method_registry<T> x;
+    for (auto& e : builtin_method_entries<T>()) x.add(std::move(e));
+    return x;
+  }();
+  return r;
 }
 
 }  // namespace kvsift
