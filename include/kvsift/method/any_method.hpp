@@ -20,6 +20,7 @@
 
 #include <kvsift/method/baselines.hpp>
 #include <kvsift/method/dynamickv.hpp>
+#include <kvsift/method/freekv.hpp>
 #include <kvsift/method/lagkv.hpp>
 #include <kvsift/method/method.hpp>
 #include <kvsift/store/dense.hpp>
@@ -341,6 +342,20 @@ std::vector<method_entry<T>> builtin_method_entries() {
   e.push_back({"dynamickv", [](const method_config& c) {
                  return make_dense<dynamickv<D>>("dynamickv", c, dynamickv_params<D>(c.budget));
                }, budget_for_fraction});
+  // FreeKV over store::tiered (it builds its own): B whole pages of p (option "page_size",
+  // default 16 for short prompts), sink = window = B/4 in whole pages (freekv_params).
+  e.push_back({"freekv", [](const method_config& c) {
+                 const int p = static_cast<int>(c.option("page_size", 16));
+                 auto st = std::make_unique<store::tiered<T>>(c.shape, c.requests, c.capacity, p);
+                 return std::make_unique<erased_method<freekv<T>>>(
+                     "freekv", std::move(st), freekv_params<T>(c.budget, p, c.option("tau", 0.8)));
+               },
+               [](method_config c, double fraction) {
+                 const int p = static_cast<int>(c.option("page_size", 16));
+                 c.budget = freekv_budget_for_resident(fraction * c.prompt_len, c.prompt_len, p);
+                 c.note = "B=" + std::to_string(c.budget);
+                 return c;
+               }});
   // Register new methods here, e.g.
   //   e.push_back({"synckv", [](const method_config& c) { ... store::tiered<T> ... }, hook});
   return e;

@@ -46,6 +46,7 @@
 #include <kvsift/trigger/query_cosine.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <optional>
@@ -511,5 +512,30 @@ class freekv {
   attention_plan plan_;
   std::vector<std::uint8_t> corrected_;        // [plan segments]
 };
+
+// FreeKV's parameters for a budget of `budget` tokens per KV head: B rounded down to whole pages
+// of p, sink = window = B/4 rounded down to whole pages (the paper's 512 of 2048), at least one
+// page each, and B at least S + W. freekv_params(2048) is the paper's configuration; for short
+// prompts (512-2048 tokens) p = 16 keeps sink and window one or more pages each.
+template <Element T>
+typename freekv<T>::params freekv_params(int budget, int page_size = 32, double tau = 0.8,
+                                         int dense_layers = 1) {
+  require(page_size > 0, "freekv_params", "page_size", page_size, "> 0");
+  require(budget >= 0, "freekv_params", "budget", budget, ">= 0");
+  const int quarter = std::max(1, budget / 4 / page_size) * page_size;
+  const int b = std::max(budget / page_size * page_size, 2 * quarter);
+  return {.page_size = page_size, .budget = b, .sink = quarter, .window = quarter, .tau = tau,
+          .dense_layers = dense_layers};
+}
+
+// The budget (tokens, whole pages) whose working set right after a prompt of n tokens is closest
+// to `target` tokens. That working set is B - p + (n mod p): the budget's pages for step 1's
+// layout, whose current page holds the prompt's last n mod p tokens (0 when the first decode
+// token opens a page). At least 3 pages (sink, one candidate, window under freekv_params).
+inline int freekv_budget_for_resident(double target, int n, int page_size) {
+  require(page_size > 0, "freekv_budget_for_resident", "page_size", page_size, "> 0");
+  const double pages = (target + page_size - n % page_size) / page_size;
+  return std::max(3, static_cast<int>(std::lround(pages))) * page_size;
+}
 
 }  // namespace kvsift
