@@ -44,5 +44,6 @@ $SUDO apt-get update -qq
 if [ "$need_backports" = 1 ]; then
   $SUDO apt-get install -y -qq -t bookworm-backports cmake libcatch2-dev
 fi
-$SUDO apt-get install -y -qq g++ make ninja-build libbenchmark-dev nlohmann-json3-dev libgomp1 >/dev/null
+$SUDO apt-get install -y -qq g++ make ninja-build libbenchmark-dev nlohmann-json3-dev libgomp1 \
+  clang libclang-rt-14-dev >/dev/null
 echo "setup.sh: $(cmake --version | head -n1), Catch2 $(dpkg-query -W -f='${Version}' libcatch2-dev)"

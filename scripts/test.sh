@@ -3,7 +3,7 @@
 # The whole test suite, as CI runs it on a fresh Debian bookworm machine:
 #   1. setup (scripts/setup.sh)
 #   2. release build: unit/law tests, conformance vectors, Thrust parity (CPP + OMP), compile-fail
-#   3. sanitizer build (ASan + UBSan): the same tests
+#   3. sanitizer build (ASan + UBSan): the same tests; fuzz targets (clang libFuzzer, fuzz/)
 #   4. installed package: `cmake --install`, then tests/consumer builds against find_package(kvsift)
 #   5. CUDA build with nvcc for sm_80 and sm_90 (when /usr/local/cuda exists); GPU tests run and
 #      report skipped without a device
@@ -22,6 +22,11 @@ echo "== sanitizer build (ASan + UBSan) and tests"
 cmake --preset sanitize
 cmake --build --preset sanitize -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset sanitize -j "$JOBS" -LE compile_fail
+
+echo "== fuzzing (clang libFuzzer + ASan + UBSan, KVSIFT_FUZZ_SECONDS=${KVSIFT_FUZZ_SECONDS:-60} s per target)"
+cmake --preset fuzz -DKVSIFT_FUZZ_SECONDS="${KVSIFT_FUZZ_SECONDS:-60}"
+cmake --build --preset fuzz -j "$JOBS"
+ctest --test-dir build/fuzz -L fuzz --output-on-failure
 
 echo "== installed package consumer"
 rm -rf build/install build/consumer

@@ -20,9 +20,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -71,6 +73,18 @@ struct eval_item {
     it.task = j["task"].get<std::string>();
     it.prompt = j["prompt"].get<std::string>();
     it.answer = j["answer"].get<std::string>();
+    // Optional fields are checked before conversion: a string would throw nlohmann's type_error
+    // and a float past INT_MAX would be undefined behaviour in the conversion (fuzz/regressions).
+    const auto optional_ok = [&](const char* key, bool ok, const char* expected) {
+      require(!j.contains(key) || ok, where, "line " + std::to_string(lineno) + " " + key,
+              j.contains(key) ? j[key].dump() : std::string(), expected);
+    };
+    optional_ok("context_len",
+                j.contains("context_len") && j["context_len"].is_number_integer() &&
+                    j["context_len"].get<std::int64_t>() >= 0 &&
+                    j["context_len"].get<std::int64_t>() <= std::numeric_limits<int>::max(),
+                "a non-negative integer that fits int");
+    optional_ok("depth", j.contains("depth") && j["depth"].is_number(), "a number");
     it.context_len = j.value("context_len", static_cast<int>(it.prompt.size() + it.answer.size()));
     it.depth = j.value("depth", 0.0);
     it.raw = std::move(j);

@@ -24,8 +24,10 @@
 #include <kvsift/io/safetensors.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -208,12 +210,22 @@ struct trace_file {
     require(get("format") == trace_format, where, "__metadata__.format", get("format"),
             trace_format);
     require(get("version") == "1", where, "__metadata__.version", get("version"), "1");
-    f.model.layers = std::stoi(get("layers"));
-    f.model.q_heads = std::stoi(get("q_heads"));
-    f.model.kv_heads = std::stoi(get("kv_heads"));
-    f.model.head_dim = std::stoi(get("head_dim"));
+    // A decimal int >= 0, all of the text (std::stoi threw std::invalid_argument or
+    // std::out_of_range here: fuzz/regressions/calibration_trace).
+    const auto get_int = [&](const char* key) {
+      const std::string v = get(key);
+      int out = -1;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+      require(ec == std::errc() && end == v.data() + v.size() && out >= 0, where,
+              std::string("__metadata__.") + key, v, "a non-negative decimal integer that fits int");
+      return out;
+    };
+    f.model.layers = get_int("layers");
+    f.model.q_heads = get_int("q_heads");
+    f.model.kv_heads = get_int("kv_heads");
+    f.model.head_dim = get_int("head_dim");
     f.model.config_hash = md.count("config_hash") ? md.at("config_hash") : "";
-    f.prompts = std::stoi(get("prompts"));
+    f.prompts = get_int("prompts");
     return f;
   }
 
@@ -221,21 +233,29 @@ struct trace_file {
     const std::string pre = trace_prefix(p);
     prompt_trace t;
     t.shape = model.shape();
-    t.n = file.to_int32(pre + "prompt_len").at(0);
-    t.window = file.to_int32(pre + "window").at(0);
-    t.steps = file.to_int32(pre + "steps").at(0);
+    const std::string where = "kvsift calibrate --traces, prompt " + std::to_string(p);
+    // One I32 element (.at(0) threw std::out_of_range on an empty tensor: fuzz/regressions).
+    const auto scalar = [&](const std::string& name) {
+      const auto v = file.to_int32(name);
+      require(v.size() == 1, where, name + " size", v.size(), "1 (an I32 [1] tensor)");
+      return v[0];
+    };
+    t.n = scalar(pre + "prompt_len");
+    t.window = scalar(pre + "window");
+    t.steps = scalar(pre + "steps");
+    // Checked before tokens() = n + steps is formed (it overflowed int for n near INT_MAX).
+    require(t.n > 0 && t.window >= 1 && t.window <= t.n && t.steps >= 0 &&
+                t.steps <= std::numeric_limits<int>::max() - t.n,
+            where, "prompt_len / window / steps",
+            std::to_string(t.n) + " / " + std::to_string(t.window) + " / " +
+                std::to_string(t.steps),
+            "n > 0, 1 <= window <= n, steps >= 0, n + steps fits int");
     t.keys = file.to_float(pre + "keys");
     t.values = file.to_float(pre + "values");
     t.queries = file.to_float(pre + "queries");
     t.ids = file.to_int32(pre + "ids");
-    const std::string where = "kvsift calibrate --traces, prompt " + std::to_string(p);
     const auto& s = t.shape;
     const auto kv = static_cast<std::size_t>(s.layers) * t.tokens() * s.kv_heads * s.head_dim;
-    require(t.n > 0 && t.window >= 1 && t.window <= t.n && t.steps >= 0, where,
-            "prompt_len / window / steps",
-            std::to_string(t.n) + " / " + std::to_string(t.window) + " / " +
-                std::to_string(t.steps),
-            "n > 0, 1 <= window <= n, steps >= 0");
     require(t.keys.size() == kv && t.values.size() == kv, where, pre + "keys size",
             t.keys.size(), "layers * (n + T) * kv_heads * d = " + std::to_string(kv));
     require(t.queries.size() == static_cast<std::size_t>(s.layers) * (t.window + t.steps) *
