@@ -454,3 +454,56 @@ TEST_CASE("a roles file that does not match the model is rejected, naming the fi
   REQUIRE_THROWS_WITH(cal::write_roles(temp_path("kvsift_never_written.json"), r),
                       ContainsSubstring("'layers[0].stability size'"));
 }
+
+TEST_CASE("the committed recall-8kv roles files match the model", "[calibrate]") {
+  const std::string dir = std::string(KVSIFT_SOURCE_DIR) + "/data/recall-8kv";
+  std::ifstream in(dir + "/config.json");
+  REQUIRE(in);
+  const auto cfg = nlohmann::json::parse(in);
+  const cal::model_fingerprint model{cfg["num_hidden_layers"].get<int>(),
+                                     cfg["num_attention_heads"].get<int>(),
+                                     cfg["num_key_value_heads"].get<int>(),
+                                     cfg["head_dim"].get<int>(),
+                                     cal::config_hash_of(dir + "/config.json")};
+  const auto sk = cal::read_synckv_roles(dir + "/roles-synckv.json", model);
+  REQUIRE(sk.layers.size() == 4);
+  for (const auto& l : sk.layers) REQUIRE(l.representatives.size() == 2);
+  const auto hc = cal::read_heterocache_roles(dir + "/roles-heterocache.json", model);
+  REQUIRE(hc.layers.size() == 4);
+  // a model with other heads is refused
+  auto other = model;
+  other.kv_heads = 2;
+  other.q_heads = 8;
+  REQUIRE_THROWS_WITH(cal::read_synckv_roles(dir + "/roles-synckv.json", other),
+                      ContainsSubstring("'model.kv_heads'"));
+}
+
+TEST_CASE("example: one layer's roles from profiled top-k sets", "[calibrate]") {
+  // example-begin calibrate-one-layer
+  namespace cal = kvsift::calibrate;
+  // the top-k sets of 4 KV heads at the prefill step and at two decode steps
+  const cal::head_sets prefill{{1, 2, 3}, {1, 2, 4}, {7, 8, 9}, {5, 8, 9}};
+  const std::vector<cal::head_sets> steps{{{1, 2, 3}, {1, 2, 5}, {6, 8, 9}, {0, 1, 2}},
+                                          {{1, 2, 3}, {2, 4, 6}, {7, 8, 9}, {0, 1, 3}}};
+  // HeteroCache: similarity of the prefill sets, stability over the decode steps, star clusters
+  const auto prof = cal::heterocache_profile(prefill, steps);
+  const auto hc = cal::star_cluster(prof.similarity, prof.stability);
+  // SyncKV: mean overlap over every profiled step, then k-means with N_r = 2
+  std::vector<cal::head_sets> all{prefill};
+  all.insert(all.end(), steps.begin(), steps.end());
+  const auto km = cal::kmeans_roles(cal::synckv_similarity(all), 4, {.clusters = 2});
+  // example-end calibrate-one-layer
+  using cal::head_role;
+  // edges 0-1 and 2-3 (overlap 2/3): heads 0 and 2 are pivots
+  REQUIRE(hc.roles == std::vector<head_role>{head_role::pivot, head_role::satellite,
+                                             head_role::pivot, head_role::satellite});
+  REQUIRE(hc.leader == std::vector<std::int32_t>{0, 0, 2, 2});
+  // stability: head 2 has overlaps 2/3 and 1 (even count: their mean), head 3 none
+  REQUIRE(prof.stability[0] == 1.0f);
+  REQUIRE(prof.stability[1] == static_cast<float>(2.0 / 3.0));
+  REQUIRE(prof.stability[2] == static_cast<float>(0.5 * (2.0 / 3.0 + 1.0)));
+  REQUIRE(prof.stability[3] == 0.0f);
+  // S_01 = 5/9, S_03 = 4/9, S_13 = S_23 = 2/9, head 2 farthest from head 0: its own cluster
+  REQUIRE(km.assign == std::vector<std::int32_t>{0, 0, 1, 0});
+  REQUIRE(km.representative == std::vector<std::int32_t>{0, 2});
+}

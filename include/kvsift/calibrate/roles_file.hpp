@@ -31,11 +31,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -137,13 +142,69 @@ inline void check_similarity(const std::vector<float>& s, int H, int layer,
           "empty or kv_heads^2 = " + std::to_string(H * H));
 }
 
+// A float as the shortest double that reads back as the same float ("%.9g"), so the file shows
+// 0.149000004 rather than 0.14900000393390656 and still round-trips exactly.
+inline nlohmann::json float_json(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return std::strtod(buf, nullptr);
+}
+
+inline nlohmann::json floats_json(std::span<const float> v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const float x : v) a.push_back(float_json(x));
+  return a;
+}
+
 inline nlohmann::json matrix_json(const std::vector<float>& s, int H) {
   nlohmann::json rows = nlohmann::json::array();
   for (int i = 0; i < H && !s.empty(); ++i) {
-    rows.push_back(std::vector<float>(s.begin() + static_cast<std::ptrdiff_t>(i) * H,
-                                      s.begin() + static_cast<std::ptrdiff_t>(i + 1) * H));
+    rows.push_back(floats_json(std::span<const float>(s).subspan(static_cast<std::size_t>(i) * H,
+                                                                static_cast<std::size_t>(H))));
   }
   return rows;
+}
+
+// Indented JSON with arrays of numbers on one line and the roles file's keys in reading order.
+inline void pretty(const nlohmann::json& j, std::string& out, int indent) {
+  static const char* const order[] = {"format",    "version",         "method",    "model",
+                                      "parameters", "layers",         "q_heads",   "kv_heads",
+                                      "head_dim",  "config_hash",     "assign",    "representatives",
+                                      "roles",     "leader",          "stability", "similarity"};
+  const std::string pad(static_cast<std::size_t>(indent + 1) * 2, ' ');
+  const std::string close(static_cast<std::size_t>(indent) * 2, ' ');
+  if (j.is_array()) {
+    bool flat = true;
+    for (const auto& e : j) flat = flat && e.is_primitive();
+    if (flat || j.empty()) {
+      out += j.dump();
+      return;
+    }
+    out += "[\n";
+    for (std::size_t i = 0; i < j.size(); ++i) {
+      out += pad;
+      pretty(j[i], out, indent + 1);
+      out += i + 1 < j.size() ? ",\n" : "\n";
+    }
+    out += close + "]";
+  } else if (j.is_object() && !j.empty()) {
+    std::vector<std::string> keys;
+    for (const char* k : order) {
+      if (j.contains(k)) keys.emplace_back(k);
+    }
+    for (const auto& [k, v] : j.items()) {
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+    out += "{\n";
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      out += pad + nlohmann::json(keys[i]).dump() + ": ";
+      pretty(j[keys[i]], out, indent + 1);
+      out += i + 1 < keys.size() ? ",\n" : "\n";
+    }
+    out += close + "}";
+  } else {
+    out += j.dump();
+  }
 }
 
 inline nlohmann::json header_json(std::string_view method, const model_fingerprint& m,
@@ -161,11 +222,36 @@ inline nlohmann::json header_json(std::string_view method, const model_fingerpri
           {"layers", nlohmann::json::array()}};
 }
 
+// Whether `v` converts to T without undefined behaviour: nlohmann's get<int>() of 1e30 or
+// get<float>() of 1e300 is an out-of-range floating conversion (found by fuzz/roles_file.cpp).
+// Integers must be JSON integers within T's range; floats finite JSON numbers within T's range.
+template <class T>
+bool representable(const nlohmann::json& v) {
+  if constexpr (std::is_integral_v<T>) {
+    if (v.is_number_unsigned()) {
+      return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+    }
+    return v.is_number_integer() && v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
+           v.get<std::int64_t>() <= std::numeric_limits<T>::max();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return !v.is_number_float() ||
+           std::abs(v.get<double>()) <= static_cast<double>(std::numeric_limits<T>::max());
+  } else if constexpr (requires { typename T::value_type; } && !std::is_same_v<T, std::string>) {
+    return !v.is_array() || std::all_of(v.begin(), v.end(), [](const nlohmann::json& e) {
+      return representable<typename T::value_type>(e);
+    });
+  } else {
+    return true;
+  }
+}
+
 // Typed access to a JSON field, with an error naming it.
 template <class T>
 T get(const nlohmann::json& j, std::string_view key, const std::string& name,
       std::string_view where, std::string_view expected) {
   require(j.is_object() && j.contains(key), where, name, "missing", expected);
+  require(representable<T>(j.at(std::string(key))), where, name, j.at(std::string(key)).dump(),
+          expected);
   try {
     return j.at(std::string(key)).get<T>();
   } catch (const nlohmann::json::exception&) {
@@ -203,6 +289,9 @@ inline model_fingerprint read_header(const nlohmann::json& j, std::string_view m
   f.q_heads = get<int>(jm, "q_heads", "model.q_heads", where, "an integer");
   f.kv_heads = get<int>(jm, "kv_heads", "model.kv_heads", where, "an integer");
   f.head_dim = get<int>(jm, "head_dim", "model.head_dim", where, "an integer");
+  require(!jm.contains("config_hash") || jm["config_hash"].is_string(), where,
+          "model.config_hash", jm.contains("config_hash") ? jm["config_hash"].dump() : "",
+          "a string");
   f.config_hash = jm.value("config_hash", std::string());
   check_model(f, where);
   const auto same = [&](const char* name, int got, int want) {
@@ -328,7 +417,9 @@ inline void validate(const heterocache_roles& r,
   for (const auto& x : r.layers) {
     std::vector<int> codes;
     for (const auto role : x.roles) codes.push_back(static_cast<int>(role));
-    nlohmann::json l = {{"roles", codes}, {"leader", x.leader}, {"stability", x.stability}};
+    nlohmann::json l = {{"roles", codes},
+                        {"leader", x.leader},
+                        {"stability", detail::floats_json(x.stability)}};
     if (!x.similarity.empty()) l["similarity"] = detail::matrix_json(x.similarity, r.model.kv_heads);
     j["layers"].push_back(std::move(l));
   }
@@ -400,7 +491,9 @@ inline void validate(const heterocache_roles& r,
 template <class Roles>
   requires std::is_same_v<Roles, synckv_roles> || std::is_same_v<Roles, heterocache_roles>
 void write_roles(const std::string& path, const Roles& r) {
-  const std::string text = to_json(r).dump(1) + "\n";
+  std::string text;
+  detail::pretty(to_json(r), text, 0);
+  text += "\n";
   std::ofstream out(path, std::ios::trunc);
   require(static_cast<bool>(out), "calibrate::write_roles", "path", path, "a writable file");
   out << text;
