@@ -348,11 +348,17 @@ std::vector<method_entry<T>> builtin_method_entries() {
                  const int p = static_cast<int>(c.option("page_size", 16));
                  auto st = std::make_unique<store::tiered<T>>(c.shape, c.requests, c.capacity, p);
                  return std::make_unique<erased_method<freekv<T>>>(
-                     "freekv", std::move(st), freekv_params<T>(c.budget, p, c.option("tau", 0.8)));
+                     "freekv", std::move(st),
+                     freekv_params<T>(c.budget, p, c.option("tau", 0.8),
+                                      static_cast<int>(c.option("dense_layers", 1))));
                },
+               // dense layers keep the whole prompt: the sparse layers make up the rest
                [](method_config c, double fraction) {
                  const int p = static_cast<int>(c.option("page_size", 16));
-                 c.budget = freekv_budget_for_resident(fraction * c.prompt_len, c.prompt_len, p);
+                 const int L = c.shape.layers;
+                 const int D = std::min(L - 1, static_cast<int>(c.option("dense_layers", 1)));
+                 const double share = std::max(0.0, (fraction * L - D) / (L - D));
+                 c.budget = freekv_budget_for_resident(share * c.prompt_len, c.prompt_len, p);
                  c.note = "B=" + std::to_string(c.budget);
                  return c;
                }});

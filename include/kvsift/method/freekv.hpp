@@ -20,7 +20,7 @@
 //             pool only.
 //   decode    step t appends k_t, v_t (always resident). Step 1 selects with q_1. From step 2,
 //             for each KV head: if the trigger asks for a correction the head selects with q_t
-//             and recalls the missing pages now (submit + wait: a stall); otherwise it takes the
+//             and recalls the missing pages now, synchronously (a stall); otherwise it takes the
 //             selection made with q_{t-1} after step t-1 and installs the pages recalled in the
 //             background since then (waiting only if the recall has not finished: a stall).
 //             Either selection is on step t's page layout, so every step reads exactly B/p
@@ -136,6 +136,7 @@ class freekv {
     for (auto& pd : pending_) {
       if (pd.ticket) transfer_.cancel(*pd.ticket);
     }
+    cancel_discarded();
   }
 
   [[nodiscard]] const params& parameters() const { return p_; }
@@ -272,6 +273,7 @@ class freekv {
       require(t.query != nullptr, where, "query", "null", "a [q_heads, d] array");
     }
     const auto& sh = store_->shape();
+    sweep();
     for (const auto& t : tokens) {
       auto& pd = pending_[slot(t.request, layer)];
       drop(pd);
@@ -297,26 +299,30 @@ class freekv {
     check_request("method::freekv.reset", request);
     const auto& sh = store_->shape();
     for (int l = 0; l < sh.layers; ++l) {
-      drop(pending_[slot(request, l)]);
+      auto& pd = pending_[slot(request, l)];
+      if (pd.ticket) transfer_.cancel(*pd.ticket);
+      pd = {};
       steps_[slot(request, l)] = 0;
       for (int h = 0; h < sh.kv_heads; ++h) {
         trigger_.forget(sh.sequence(request, l, h));
         scorer_.forget(sh.sequence(request, l, h));
       }
     }
+    cancel_discarded();  // recalls of any request: none may read a pool being reset
     store_->reset(request);
   }
 
-  // 5. Working-set bytes, bytes recalled by the transfer, selections made, stalls (waits for a
-  // recall that had not finished: corrections, and background recalls not done in time).
+  // 5. Working-set bytes, bytes recalled (background recalls by the transfer, plus the
+  // synchronous recalls of step 1 and corrections), selections made, stalls (a synchronous
+  // recall that moved bytes, or a wait for a background recall not done in time).
   [[nodiscard]] method_stats stats() const {
     method_stats s;
     const auto ts = transfer_.stats();
     s.resident_bytes = store_->resident_bytes();
     s.resident_tokens = store_->resident_tokens();
-    s.bytes_transferred = ts.bytes_moved;
+    s.bytes_transferred = ts.bytes_moved + sync_bytes_;
     s.refreshes = refreshes_;
-    s.stalls = ts.stalls;
+    s.stalls = ts.stalls + sync_stalls_;
     for (int l = 0; l < store_->shape().layers; ++l) {
       s.layer_budgets.push_back(l < p_.dense_layers ? -1 : p_.budget);
     }
@@ -350,9 +356,28 @@ class freekv {
     require(request >= 0 && request < store_->requests(), where, "request", request,
             "in [0, " + std::to_string(store_->requests()) + ")");
   }
+  // Drops a pending selection. Its recall, if any, is not waited for: a finished one is released
+  // now, a running one later (sweep), so a corrected step never blocks on a copy it discards.
   void drop(pending_selection& pd) {
-    if (pd.ticket) transfer_.cancel(*pd.ticket);
+    if (pd.ticket) {
+      if (transfer_.ready(*pd.ticket)) {
+        transfer_.release(*pd.ticket);
+      } else {
+        discarded_.push_back(*pd.ticket);
+      }
+    }
     pd = {};
+  }
+  void sweep() {
+    std::erase_if(discarded_, [&](auto tk) {
+      if (!transfer_.ready(tk)) return false;
+      transfer_.release(tk);
+      return true;
+    });
+  }
+  void cancel_discarded() {
+    for (const auto tk : discarded_) transfer_.cancel(tk);
+    discarded_.clear();
   }
 
   // Page sets [kv_heads] of (request, layer) selected with query q ([q_heads, d]) on the page
@@ -452,28 +477,16 @@ class freekv {
     // step 1 and corrected heads: select with q_t, recall what is missing and wait for it
     if (any_now) {
       auto fresh = select_pages(t.request, layer, t.query, n);
-      std::vector<transfer::recall_request> what;
       for (int h = 0; h < sh.kv_heads; ++h) {
         if (!now[h]) continue;
         pages[h] = std::move(fresh[h]);
-        const auto seq = sh.sequence(t.request, layer, h);
-        auto missing = missing_positions(t.request, layer, seq, pages[h]);
-        if (!missing.empty()) what.push_back({seq, std::move(missing)});
+        // a synchronous recall on this thread (no hand-off to the worker): the step waits for it
+        const auto before = store_->stats().bytes_to_device;
+        store_->promote(sh.sequence(t.request, layer, h), page_positions(t.request, layer, pages[h]));
+        const auto moved = store_->stats().bytes_to_device - before;
+        sync_bytes_ += moved;
+        sync_stalls_ += moved > 0 ? 1 : 0;
       }
-      store::landing<T> none;
-      none.dim = d;
-      const store::landing<T>* landed = &none;
-      std::optional<typename transfer_type::ticket> tk;
-      if (!what.empty()) {
-        tk = transfer_.submit(*store_, std::move(what));
-        landed = &transfer_.wait(*tk);
-      }
-      for (int h = 0; h < sh.kv_heads; ++h) {
-        if (!now[h]) continue;
-        store_->install(sh.sequence(t.request, layer, h), page_positions(t.request, layer, pages[h]),
-                        *landed);
-      }
-      if (tk) transfer_.release(*tk);
     }
     for (int h = 0; h < sh.kv_heads; ++h) {
       const int len = store_->length(sh.sequence(t.request, layer, h));
@@ -507,10 +520,13 @@ class freekv {
   std::vector<pending_selection> pending_;     // [requests * layers]
   std::int64_t refreshes_ = 0;
   std::int64_t corrections_made_ = 0;
+  std::int64_t sync_bytes_ = 0;   // bytes recalled synchronously (step 1, corrections)
+  std::int64_t sync_stalls_ = 0;  // synchronous recalls that moved bytes
   score_sets scores_;
   index_sets kept_;
   attention_plan plan_;
   std::vector<std::uint8_t> corrected_;        // [plan segments]
+  std::vector<typename transfer_type::ticket> discarded_;  // dropped recalls still running
 };
 
 // FreeKV's parameters for a budget of `budget` tokens per KV head: B rounded down to whole pages
