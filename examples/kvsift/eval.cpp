@@ -314,10 +314,9 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
   std::printf(
       "\nKV res.: device-resident KV bytes right after the prompt / the prompt's full KV (mean\n"
       "over prompts; full_kv and quest keep it all by design; * = more than 2 points from the\n"
-      "target); read: KV tokens a decode step's\n"
-      "attention reads / a full cache's; hops: chain hops right before the first wrong one;\n"
-      "tok/s: decode steps per second (batch 1); prefill s: the engine's forward pass + the\n"
-      "method's prefill work, per prompt.\n");
+      "target); read: KV tokens a decode step's attention reads / a full cache's; hops: chain\n"
+      "hops right before the first wrong one; tok/s: decode steps per second (batch 1);\n"
+      "prefill s: the engine's forward pass + the method's prefill work, per prompt.\n");
 }
 
 // Per-layer budgets of a prompt; null for a layer without a token budget (full_kv, LagKV).
