@@ -108,6 +108,40 @@ TEST_CASE("segmented_topk validates its counts before touching the device", "[cu
   CHECK_THROWS_AS(kc::streamed_recall<float>(kc::recall_shape{32, 2, 64, 0}), kvsift::error);
 }
 
+// Issue 19: device entry points validate what the host can see, before any launch (no device
+// needed): counts past CUB's int32, null arrays, slot ids.
+TEST_CASE("device entry points reject counts past int32, null arrays and bad slots",
+          "[cuda][error][defects]") {
+  CHECK_THROWS_AS(kc::make_segmented_topk_plan(std::int64_t{1} << 31, 1, 0), kvsift::error);
+  CHECK_THROWS_AS(kc::segmented_topk_workspace_bytes(std::int64_t{1} << 32, 1, 0), kvsift::error);
+  CHECK_THROWS_AS(kc::make_segmented_topk_plan(4, std::int64_t{1} << 31, 1), kvsift::error);
+
+  const i32 lens[1] = {8};
+  const auto kv = kc::make_dense_nhd<float>(nullptr, nullptr, lens, 8, 2, 64);
+  i32 off[3] = {0, 1, 2};
+  i32 idx[2] = {0, 0};
+  CHECK_THROWS_AS(kc::expand_pages(kc::par{}, kv, kc::page_set{nullptr, idx, 4}, 2, off, idx),
+                  kvsift::error);
+  CHECK_THROWS_AS(kc::expand_pages(kc::par{}, kv, kc::page_set{off, idx, 4}, 2, nullptr, idx),
+                  kvsift::error);
+  CHECK_THROWS_AS(kc::expand_pages(kc::par{}, kv, kc::page_set{off, idx, 4}, -1, off, idx),
+                  kvsift::error);
+
+  float dummy[1] = {};
+  const std::vector<i32> slots{0, 3};
+  kc::recall_shape shape{.page_size = 4, .num_kv_heads = 2, .head_dim = 64};
+  CHECK_THROWS_AS(kc::hnd_pages_to_nhd<float>(kc::par{}, shape, nullptr, slots, dummy, dummy),
+                  kvsift::error);
+  CHECK_THROWS_AS(kc::hnd_pages_to_nhd<float>(kc::par{}, shape, dummy, slots, nullptr, dummy),
+                  kvsift::error);
+  const std::vector<i32> negative{0, -1};
+  CHECK_THROWS_AS(kc::hnd_pages_to_nhd<float>(kc::par{}, shape, dummy, negative, dummy, dummy),
+                  kvsift::error);
+  shape.num_slots = 3;
+  CHECK_THROWS_AS(kc::hnd_pages_to_nhd<float>(kc::par{}, shape, dummy, slots, dummy, dummy),
+                  kvsift::error);
+}
+
 TEST_CASE("segmented_topk matches the CPU reference, ties and NaN included", "[cuda][topk]") {
   KVSIFT_REQUIRE_GPU();
   const unsigned seed = GENERATE(1u, 2u, 3u);

@@ -2,6 +2,7 @@
 // Every public entry validates its input: it throws kvsift::error naming the argument, and the
 // store is exactly as it was (lengths, positions, resident bytes, key and value bytes).
 
+#include <kvsift/io/safetensors.hpp>
 #include <kvsift/kvsift.hpp>
 
 #include <catch2/catch_template_test_macros.hpp>
@@ -354,4 +355,73 @@ TEST_CASE("selectors and budgeters validate their own inputs", "[bad_input][sele
                       ContainsSubstring("'budgets[0]'"));
   REQUIRE_THROWS_WITH(kvsift::select::topk{{.window_share = 1.5}}.validate("t"),
                       ContainsSubstring("'window_share'"));
+}
+
+TEST_CASE("method.decode checks the whole batch: page pool, duplicates", "[bad_input][method]") {
+  // 4-token pages, 2 KV heads: each request's next token needs a fresh page per head
+  kvsift::store::paged<float> s(kShape, 3, 4, 8);
+  using full = kvsift::full_kv<kvsift::store::paged<float>>;
+  full m(s, kvsift::full_kv_params<kvsift::store::paged<float>>());
+  const prompt p4(4);
+  m.prefill(0, std::vector<kvsift::prefill_chunk<float>>{p4.chunk(0, 0), p4.chunk(1, 0)});
+  REQUIRE(s.free_pages() == 4);
+  const auto q = filled<float>(4 * 4, 0.1f);
+  const auto k = filled<float>(2 * 4, 0.2f);
+  const kvsift::decode_token<float> t0{0, q.data(), k.data(), k.data()};
+  const kvsift::decode_token<float> t1{1, q.data(), k.data(), k.data()};
+  const kvsift::decode_token<float> t2{2, q.data(), k.data(), k.data()};
+  // 0 and 1 need 2 pages each (4 free); request 2 is empty and needs 2 more: the batch does not fit
+  REQUIRE_REJECTS(s, m.decode(0, std::vector{t0, t1, t2}), "request");
+  REQUIRE(m.step(0, 0) == 0);
+  REQUIRE_REJECTS(s, m.decode(0, std::vector{t0, t1, t0}), "tokens[2].request");
+  m.decode(0, std::vector{t0, t1});  // fits exactly
+  REQUIRE(s.free_pages() == 0);
+}
+
+TEST_CASE("attend and after_attention reject a step decode() did not plan", "[bad_input][method]") {
+  store_t s(kShape, 2, 16);
+  kvsift::h2o<store_t> m(s, kvsift::h2o_params<store_t>(8));
+  const prompt p6(6);
+  m.prefill(1, p6.chunk(0, 0));
+  const auto q = filled<float>(4 * 4, 0.1f);
+  const auto k = filled<float>(2 * 4, 0.2f);
+  const kvsift::decode_token<float> good{0, q.data(), k.data(), k.data()};
+  std::vector<float> out(16);
+  m.decode(1, good);
+  REQUIRE_REJECTS(s, m.after_attention(0, good), "layer");
+  REQUIRE_REJECTS(s, m.after_attention(1, kvsift::decode_token<float>{1, q.data()}), "tokens[0].request");
+  REQUIRE_REJECTS(s, m.after_attention(1, kvsift::decode_token<float>{0, nullptr}), "tokens[0].query");
+  const kvsift::decode_token<float> no_query{0, nullptr, k.data(), k.data()};
+  REQUIRE_REJECTS(s, m.attend(1, std::span(&no_query, 1), out.data()), "tokens[0].query");
+  m.attend(1, std::span(&good, 1), out.data());
+  m.after_attention(1, good);
+  REQUIRE_REJECTS(s, m.after_attention(1, good), "layer");  // the step was applied already
+  REQUIRE_REJECTS(s, m.attend(1, std::span(&good, 1), out.data()), "layer");
+}
+
+TEST_CASE("can_implement cross-checks parameters two parts share", "[bad_input][method]") {
+  using quest_t = kvsift::quest<store_t>;
+  auto qp = kvsift::quest_params<store_t>(64, 16);
+  qp.selector.page_size = 8;
+  REQUIRE_THROWS_WITH(quest_t::can_implement(kShape, qp), ContainsSubstring("argument 'selector.page_size'"));
+  using snap_t = kvsift::snapkv<store_t>;
+  auto sp = kvsift::snapkv_params<store_t>(64, 8, 3);
+  sp.selector.window = 4;
+  REQUIRE_THROWS_WITH(snap_t::can_implement(kShape, sp), ContainsSubstring("argument 'selector.window'"));
+  using lag_t = kvsift::lagkv<store_t>;
+  auto lp = kvsift::lagkv_params<store_t>(16, 32);
+  lp.trigger.lag = 64;
+  REQUIRE_THROWS_WITH(lag_t::can_implement(kShape, lp), ContainsSubstring("argument 'selector.lag'"));
+  lp = kvsift::lagkv_params<store_t>(16, 32);
+  lp.scorer.sink = 8;
+  REQUIRE_THROWS_WITH(lag_t::can_implement(kShape, lp), ContainsSubstring("argument 'selector.sink'"));
+  REQUIRE_NOTHROW(quest_t::can_implement(kShape, kvsift::quest_params<store_t>(64, 16)));
+  REQUIRE_NOTHROW(lag_t::can_implement(kShape, kvsift::lagkv_params<store_t>(16, 32)));
+}
+
+TEST_CASE("budgeters and io reject parameters that were never checked", "[bad_input][select]") {
+  kvsift::budget::memory_fraction b{{.keep_fraction = 0.25, .min_tokens = -3}};
+  REQUIRE_THROWS_WITH(b.validate("t"), ContainsSubstring("argument 'min_tokens'"));
+  REQUIRE_THROWS_WITH(kvsift::io::shape_numel({std::int64_t{1} << 62, 4}),
+                      ContainsSubstring("argument 'shape'"));
 }

@@ -38,6 +38,7 @@ struct odd_granularity_scorer {
 struct untagged_selector {
   using granularity = kvsift::token_level;
   struct params {};
+  params p{};
   void select(const kvsift::score_sets&, std::span<const int>, kvsift::index_sets&) const {}
 };
 struct tagged_selector : untagged_selector {
@@ -74,7 +75,74 @@ struct untagged_transfer {
   void wait() {}
 };
 
+// Tagged, but missing what kvsift::method uses: needs_queries; query_window() when it needs
+// queries; construction from params; a page selector's page_size.
+struct scorer_without_needs_queries {
+  using kvsift_role = kvsift::scorer_tag;
+  using granularity = kvsift::token_level;
+  struct params {};
+  params p{};
+};
+struct query_scorer_without_window {
+  using kvsift_role = kvsift::scorer_tag;
+  using granularity = kvsift::token_level;
+  static constexpr bool needs_queries = true;
+  struct params {};
+  params p{};
+};
+struct scorer_without_params_constructor {
+  using kvsift_role = kvsift::scorer_tag;
+  using granularity = kvsift::token_level;
+  static constexpr bool needs_queries = false;
+  struct params {};
+  explicit scorer_without_params_constructor(int) {}
+};
+struct page_selector_without_page_size {
+  using kvsift_role = kvsift::selector_tag;
+  using granularity = kvsift::page_level;
+  struct params {};
+  params p{};
+  void select(const kvsift::score_sets&, std::span<const int>, kvsift::index_sets&) const {}
+};
+// A scorer whose score() takes the wrong input is a Scorer but not a ScorerFor a store.
+struct scorer_with_wrong_score : tagged_scorer {
+  void score(int, kvsift::score_sets&) const {}
+};
+
 }  // namespace
+
+TEST_CASE("concepts require what kvsift::method uses", "[concepts]") {
+  using namespace kvsift;
+  using dense = store::dense<float>;
+  STATIC_REQUIRE_FALSE(Scorer<scorer_without_needs_queries>);
+  STATIC_REQUIRE_FALSE(Scorer<query_scorer_without_window>);
+  STATIC_REQUIRE_FALSE(Scorer<scorer_without_params_constructor>);
+  STATIC_REQUIRE_FALSE(Selector<page_selector_without_page_size>);
+  STATIC_REQUIRE(Scorer<scorer_with_wrong_score>);
+  STATIC_REQUIRE_FALSE(ScorerFor<scorer_with_wrong_score, dense>);
+  STATIC_REQUIRE(ScorerFor<score::window_attention, dense>);
+  STATIC_REQUIRE(ScorerFor<score::page_minmax, store::paged<half>>);
+  // hooks: declared explicitly, and each declared hook has its signature
+  STATIC_REQUIRE(hooks_of<score::cumulative_attention>.observe);
+  STATIC_REQUIRE(hooks_of<score::cumulative_attention>.compact);
+  STATIC_REQUIRE(hooks_of<score::cumulative_attention>.reset);
+  STATIC_REQUIRE(StatefulScorer<score::cumulative_attention, dense>);
+  STATIC_REQUIRE(ResettableScorer<score::cumulative_attention, dense>);
+  STATIC_REQUIRE(hooks_of<score::page_minmax>.reset);
+  STATIC_REQUIRE(ResettableScorer<score::page_minmax, dense>);
+  STATIC_REQUIRE_FALSE(hooks_of<score::window_attention>.observe);
+  STATIC_REQUIRE_FALSE(StatefulScorer<score::window_attention, dense>);
+  STATIC_REQUIRE(hooks_of<select::partition_topk>.freeze);
+  STATIC_REQUIRE(FreezingSelector<select::partition_topk>);
+  STATIC_REQUIRE(hooks_of<select::topk>.check);
+  STATIC_REQUIRE(CheckingSelector<select::topk>);
+  STATIC_REQUIRE_FALSE(CheckingSelector<select::page_topk>);
+  STATIC_REQUIRE(hooks_of<budget::dynamic_layer>.revise);
+  STATIC_REQUIRE(ProgressiveBudgeter<budget::dynamic_layer>);
+  STATIC_REQUIRE(ResettableBudgeter<budget::dynamic_layer>);
+  STATIC_REQUIRE_FALSE(ProgressiveBudgeter<budget::uniform>);
+  STATIC_REQUIRE_FALSE(hooks_of<budget::uniform>.revise);
+}
 
 TEST_CASE("every model in the headers models its concept", "[concepts]") {
   using namespace kvsift;

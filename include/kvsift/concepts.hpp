@@ -19,6 +19,9 @@
 
 namespace kvsift {
 
+template <class Store>
+struct score_input;  // score/context.hpp: what a scorer is given
+
 // Opt-in role tags.
 struct store_tag {};
 struct scorer_tag {};
@@ -54,6 +57,36 @@ struct budget_context {
   int kv_heads = 1;                  // segments per request
   std::span<const int> lengths;      // [requests * kv_heads] resident tokens per head-sequence
 };
+
+// Optional lifecycle hooks. A component opts in to each hook it implements by name,
+//   static constexpr kvsift::hooks kvsift_hooks{.observe = true, .compact = true, .reset = true};
+// and kvsift::method then requires the hook's signature (StatefulScorer, ProgressiveBudgeter,
+// ...): a misspelt or mistyped hook is a concept error, never a silently skipped call. A
+// component with a hook's member but no declaration is an error too (method says which).
+struct hooks {
+  bool observe = false;  // scorer: observe(store, request, layer, q, plan, first_segment) after attention
+  bool compact = false;  // scorer: compact(store, request, layer, kept) after the store's retain
+  bool reset = false;    // scorer: reset(store, request); budgeter: reset(request) — per-request state
+  bool revise = false;   // budgeter: revise(round, revisions) after each round (DynamicKV)
+  bool freeze = false;   // selector: select(scores, budgets, kept, frozen) -> rounds (LagKV)
+  bool check = false;    // selector: check(sizes, budgets) throws before anything is appended
+};
+
+namespace detail {
+template <class T>
+constexpr hooks declared_hooks() {
+  if constexpr (requires { T::kvsift_hooks; }) {
+    static_assert(std::same_as<std::remove_cvref_t<decltype(T::kvsift_hooks)>, hooks>,
+                  "kvsift: kvsift_hooks must be a kvsift::hooks constant");
+    return T::kvsift_hooks;
+  } else {
+    return hooks{};
+  }
+}
+}  // namespace detail
+// The hooks a component declares (none when it declares no kvsift_hooks).
+template <class T>
+inline constexpr hooks hooks_of = detail::declared_hooks<T>();
 
 namespace detail {
 template <class T, class Tag>
@@ -102,9 +135,37 @@ concept KvStore =
 //  3. it never needs attention probabilities from the engine's kernel: attention-based
 //     scorers recompute what they need from the queries they are given and the stored keys;
 //  4. the result is deterministic and independent of thread count.
+//  5. it states `static constexpr bool needs_queries` and, when true, `query_window()`: how many
+//     of the newest queries it reads (-1: every prompt query);
+//  6. it is constructible from its params (`T{p}`); `validate(where)` checks them when present.
 template <class T>
 concept Scorer = detail::opts_in<T, scorer_tag> && detail::has_granularity<T> &&
-                 requires { typename T::params; } && std::is_aggregate_v<typename T::params>;
+                 requires { typename T::params; } && std::is_aggregate_v<typename T::params> &&
+                 requires(const typename T::params& p) { T{p}; } &&
+                 requires {
+                   { T::needs_queries } -> std::convertible_to<bool>;
+                 } &&
+                 (!T::needs_queries || requires(const T& t) {
+                   { t.query_window() } -> std::convertible_to<int>;
+                 });
+
+// ScorerFor: a Scorer that scores a batch of `Store`'s head-sequences, score(input, out).
+template <class T, class Store>
+concept ScorerFor = Scorer<T> && requires(T& t, const score_input<Store>& in, score_sets& out) {
+  t.score(in, out);
+};
+
+// A scorer with per-slot state that follows decode and compaction (H2O's running scores).
+template <class T, class Store>
+concept StatefulScorer =
+    Scorer<T> && requires(T& t, const Store& st, const index_sets& sets, const float* q) {
+      t.observe(st, 0, 0, q, sets, 0);
+      t.compact(st, 0, 0, sets);
+    };
+
+// A component holding per-request state that method::reset(request) must clear.
+template <class T, class Store>
+concept ResettableScorer = Scorer<T> && requires(T& t, const Store& st) { t.reset(st, 0); };
 
 // Selector: which tokens (or pages) to keep given scores and a budget.
 // A type T models Selector if:
@@ -113,11 +174,33 @@ concept Scorer = detail::opts_in<T, scorer_tag> && detail::has_granularity<T> &&
 //     |kept| = min(budget, n) for token budgets, protected indices (sink, window) always kept;
 //  3. ties break deterministically: higher score first, then the lower index;
 //  4. a budget smaller than the protected tokens is a kvsift::error, thrown before any output.
+//  5. it is constructible from its params; a page_level selector names its `p.page_size`.
 template <class T>
 concept Selector = detail::opts_in<T, selector_tag> && detail::has_granularity<T> &&
                    requires { typename T::params; } &&
+                   requires(const typename T::params& p) { T{p}; } &&
                    requires(const T& sel, const score_sets& scores, std::span<const int> budgets,
-                            index_sets& kept) { sel.select(scores, budgets, kept); };
+                            index_sets& kept) { sel.select(scores, budgets, kept); } &&
+                   (!std::same_as<typename T::granularity, page_level> ||
+                    requires(const T& sel) {
+                      { sel.p.page_size } -> std::convertible_to<int>;
+                    });
+
+// A selector that keeps each head-sequence's frozen prefix (LagKV's base): select(scores,
+// budgets, kept, frozen) reads the prefix per segment (slots before it are final, never
+// rescored), writes the prefix after the selection, and returns the compression rounds the call
+// amounts to (stats().refreshes adds them).
+template <class T>
+concept FreezingSelector = Selector<T> && requires(const T& s, const score_sets& sc,
+                                                   std::span<const int> b, index_sets& k,
+                                                   std::span<int> f) {
+  { s.select(sc, b, k, f) } -> std::convertible_to<int>;
+};
+
+// A selector that can check sizes and budgets alone, before the tokens are appended.
+template <class T>
+concept CheckingSelector = Selector<T> && requires(const T& s, const score_sets& sc,
+                                                   std::span<const int> b) { s.check(sc, b); };
 
 // Budgeter: how many tokens each head-sequence may keep.
 // A type T models Budgeter if:
@@ -126,9 +209,14 @@ concept Selector = detail::opts_in<T, selector_tag> && detail::has_granularity<T
 //     counts, protected ones included); a budget >= the length keeps everything.
 template <class T>
 concept Budgeter = detail::opts_in<T, budgeter_tag> && requires { typename T::params; } &&
+                   requires(const typename T::params& p) { T{p}; } &&
                    requires(const T& b, const budget_context& ctx, std::vector<int>& out) {
                      b.budgets(ctx, out);
                    };
+
+// A budgeter holding per-request state (method::reset(request) calls reset(request)).
+template <class T>
+concept ResettableBudgeter = Budgeter<T> && requires(T& b) { b.reset(0); };
 
 // Transfer: how KV moves between memory spaces.
 // A type T models Transfer if:
@@ -147,6 +235,7 @@ concept Transfer = detail::opts_in<T, transfer_tag> && requires(T& t, const T& c
 //  2. `fires(ctx)` answers for one head-sequence at one lifecycle event, deterministically.
 template <class T>
 concept Trigger = detail::opts_in<T, trigger_tag> && requires { typename T::params; } &&
+                  requires(const typename T::params& p) { T{p}; } &&
                   requires(const T& t, const trigger_context& ctx) {
                     { t.fires(ctx) } -> std::convertible_to<bool>;
                   };

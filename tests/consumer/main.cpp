@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Uses kvsift as an installed package: compresses one layer with SnapKV and checks the result.
+// Uses kvsift as an installed package: compresses one layer with SnapKV, checks the result, and
+// writes and reads back a safetensors file (io/safetensors.hpp: nlohmann_json comes with the
+// package).
+#include <kvsift/io/safetensors.hpp>
 #include <kvsift/kvsift.hpp>
 
 #include <cmath>
@@ -22,5 +25,14 @@ int main() {
   const auto s = method.stats();
   std::printf("kvsift consumer: %lld tokens resident (expected 128)\n",
               static_cast<long long>(s.resident_tokens));
-  return s.resident_tokens == 128 ? 0 : 1;
+
+  // The kept keys of head 0, through a safetensors image and back.
+  std::vector<float> kept;
+  for (int i = 0; i < store.length(0); ++i) kept.insert(kept.end(), store.key(0, i), store.key(0, i) + 16);
+  io::tensor_map tensors;
+  tensors.emplace("kept_keys", io::make_tensor(kept, {store.length(0), 16}));
+  const auto file = io::safetensors_file::from_bytes(io::encode_safetensors(tensors));
+  const bool round_trip = file.to_float("kept_keys") == kept;
+  std::printf("kvsift consumer: safetensors round trip %s\n", round_trip ? "ok" : "FAILED");
+  return s.resident_tokens == 128 && round_trip ? 0 : 1;
 }

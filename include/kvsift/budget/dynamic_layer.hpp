@@ -6,7 +6,7 @@
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/cpu/segmented_topk.hpp>
-#include <kvsift/method/method.hpp>
+#include <kvsift/budget/progressive.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -70,6 +70,7 @@ inline std::vector<std::int64_t> dynamic_layer_shares(std::span<const std::int64
 // updates per request; memory O(L * H * M) floats per request.
 struct dynamic_layer {
   using kvsift_role = budgeter_tag;
+  static constexpr hooks kvsift_hooks{.reset = true, .revise = true};
   struct params {
     int tokens = 2048;  // average budget C per head-sequence, window included
     int window = 8;     // observation window w (kept, never scored)
@@ -281,6 +282,6 @@ struct dynamic_layer {
   }
 };
 static_assert(Budgeter<dynamic_layer>);
-static_assert(detail::progressive_budgeter<dynamic_layer>);
+static_assert(ProgressiveBudgeter<dynamic_layer>);
 
 }  // namespace kvsift::budget

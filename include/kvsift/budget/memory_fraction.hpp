@@ -37,6 +37,7 @@ struct memory_fraction {
   void validate(std::string_view where) const {
     require(p.keep_fraction >= 0.0 && p.keep_fraction <= 1.0, where, "keep_fraction",
             p.keep_fraction, "in [0, 1]");
+    require(p.min_tokens >= 0, where, "min_tokens", p.min_tokens, ">= 0");
   }
   void budgets(const budget_context& ctx, std::vector<int>& out) const {
     out.resize(ctx.lengths.size());

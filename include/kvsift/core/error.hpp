@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace kvsift {
 
@@ -46,12 +48,45 @@ template <class V>
   return error(msg);
 }
 
-// Validates at an API boundary: throws make_error(...) unless `ok`.
+namespace detail {
+// The throw, out of line of the check, so a passing require() costs a branch and nothing else.
+template <class V>
+[[noreturn, gnu::cold, gnu::noinline]] void fail(std::string_view where, std::string_view arg,
+                                                 const V& value, std::string_view expected) {
+  throw make_error(where, arg, value, expected);
+}
+}  // namespace detail
+
+// Validates at an API boundary: throws make_error(...) unless `ok`. `expected` is a text, or a
+// callable returning one (`[&] { return "in [0, " + std::to_string(n) + ")"; }`) that runs only
+// when the check fails: hot paths (decode, append) build no message unless they throw.
 template <class V>
 void require(bool ok, std::string_view where, std::string_view arg, const V& value,
              std::string_view expected) {
-  if (!ok) {
-    throw make_error(where, arg, value, expected);
+  if (!ok) [[unlikely]] {
+    detail::fail(where, arg, value, expected);
+  }
+}
+template <class V, class Expected>
+  requires std::invocable<Expected&> &&
+           std::convertible_to<std::invoke_result_t<Expected&>, std::string>
+void require(bool ok, std::string_view where, std::string_view arg, const V& value,
+             Expected&& expected) {
+  if (!ok) [[unlikely]] {
+    const std::string text = expected();
+    detail::fail(where, arg, value, text);
+  }
+}
+// Both `arg` (an indexed name, say) and `expected` built only on failure.
+template <class V, class Arg, class Expected>
+  requires std::invocable<Arg&> && std::convertible_to<std::invoke_result_t<Arg&>, std::string> &&
+           std::invocable<Expected&> &&
+           std::convertible_to<std::invoke_result_t<Expected&>, std::string>
+void require(bool ok, std::string_view where, Arg&& arg, const V& value, Expected&& expected) {
+  if (!ok) [[unlikely]] {
+    const std::string a = arg();
+    const std::string text = expected();
+    detail::fail(where, a, value, text);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,18 +36,36 @@ struct segmented {
     values.clear();
     offsets.assign(1, 0);
   }
-  // Lays out segments of the given sizes (values value-initialised) in one allocation.
+  // Lays out segments of the given sizes (values value-initialised) in one allocation. Offsets
+  // are int32 (CUB's segment offsets): sizes that are negative or sum past INT32_MAX are a
+  // kvsift::error, thrown before anything changes.
   void resize(std::span<const int> sizes) {
+    std::int64_t total = 0;
+    for (std::size_t s = 0; s < sizes.size(); ++s) {
+      total += sizes[s];
+      if (sizes[s] < 0 || total > max_offset) [[unlikely]] {
+        throw make_error("segmented.resize", "sizes[" + std::to_string(s) + "]", sizes[s],
+                         ">= 0, with every size summed <= INT32_MAX (int32 offsets)");
+      }
+    }
     offsets.assign(sizes.size() + 1, 0);
     for (std::size_t s = 0; s < sizes.size(); ++s) {
       offsets[s + 1] = offsets[s] + sizes[s];
     }
-    values.assign(static_cast<std::size_t>(offsets.back()), T{});
+    const auto n = static_cast<std::size_t>(offsets.back());
+    if (n > values.capacity()) values.reserve(std::max(n, 2 * values.capacity()));  // amortised
+    values.assign(n, T{});
   }
   void push_back(std::span<const T> segment) {
+    require(values.size() + segment.size() <= static_cast<std::size_t>(max_offset),
+            "segmented.push_back", "segment.size", segment.size(),
+            [&] { return "<= " + std::to_string(max_offset - static_cast<std::int64_t>(values.size())) +
+                         " (int32 offsets)"; });
     values.insert(values.end(), segment.begin(), segment.end());
     offsets.push_back(static_cast<std::int32_t>(values.size()));
   }
+
+  static constexpr std::int64_t max_offset = std::numeric_limits<std::int32_t>::max();
 };
 
 using index_sets = segmented<std::int32_t>;  // kept token (or page) indices, ascending per segment

@@ -63,6 +63,15 @@ struct kv_view {
 
   void validate(std::string_view where, std::string_view arg, int expect_heads,
                 int expect_dim) const {
+    // rows of d channels must not overlap each other
+    const bool rows_disjoint = (heads <= 1 || head_stride >= dim) &&
+                               (tokens <= 1 || token_stride >= dim) &&
+                               (heads <= 1 || tokens <= 1 || head_stride != token_stride);
+    if (tokens >= 0 && heads == expect_heads && dim == expect_dim &&
+        (tokens == 0 || data != nullptr) && token_stride >= 0 && head_stride >= 0 &&
+        rows_disjoint) [[likely]] {
+      return;  // the common case builds no message (decode validates a view per token)
+    }
     require(tokens >= 0, where, std::string(arg) + ".tokens", tokens, ">= 0");
     require(heads == expect_heads, where, std::string(arg) + ".heads", heads,
             std::to_string(expect_heads));
@@ -71,10 +80,6 @@ struct kv_view {
             "a pointer to the view's memory");
     require(token_stride >= 0 && head_stride >= 0, where, std::string(arg) + ".strides",
             std::to_string(token_stride) + "," + std::to_string(head_stride), "non-negative strides");
-    // rows of d channels must not overlap each other
-    const bool rows_disjoint = (heads <= 1 || head_stride >= dim) &&
-                               (tokens <= 1 || token_stride >= dim) &&
-                               (heads <= 1 || tokens <= 1 || head_stride != token_stride);
     require(rows_disjoint, where, std::string(arg) + ".strides",
             std::to_string(token_stride) + "," + std::to_string(head_stride),
             "strides that keep every (token, head) row of dim " + std::to_string(dim) + " disjoint");

@@ -3,7 +3,7 @@
 
 // Gather of selected KV rows into compact per-head-sequence storage: the step that makes a kept
 // set physically smaller (DESIGN §7.1). Works on dense (NHD/HND) and paged (NHD/HND) sources.
-// Mirrors cpu/gather.hpp and thrust/gather.hpp.
+// Mirrors store/basic.hpp (basic_store::gather) and thrust/gather.hpp.
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
@@ -111,9 +111,14 @@ void expand_pages(par policy, const Kv& src, page_set pages, std::int32_t num_se
   constexpr const char* where = "cuda::expand_pages";
   require(pages.page_size > 0, where, "pages.page_size", pages.page_size, "> 0");
   require(src.num_kv_heads > 0, where, "src.num_kv_heads", src.num_kv_heads, "> 0");
-  if (num_segments <= 0) {
+  require(num_segments >= 0, where, "num_segments", num_segments, ">= 0");
+  if (num_segments == 0) {
     return;
   }
+  require(pages.offsets != nullptr && pages.indices != nullptr, where, "pages", "null",
+          "device offsets and indices arrays");
+  require(out_offsets != nullptr && out_indices != nullptr, where, "out_offsets/out_indices",
+          "null", "device arrays ([num_segments + 1] and the expansion's tokens)");
   const unsigned grid = num_segments < 65535 ? static_cast<unsigned>(num_segments) : 65535u;
   detail::expand_pages_kernel<<<grid, 128, 0, policy.stream>>>(src, pages, num_segments,
                                                                out_offsets, out_indices);

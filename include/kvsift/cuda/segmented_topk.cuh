@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace kvsift::cuda {
 
@@ -97,15 +98,23 @@ KVSIFT_KERNEL void topk_take_first(const Key* __restrict__ sorted,
 // device's properties: throws cuda_error without a usable device, kvsift::error on negative
 // counts. (A template only so that CUB's kernels are compiled in the TUs that use it; the plan
 // does not depend on Score.)
+// Counts are taken as int64 and must fit CUB's int32 item counts: a larger count is a
+// kvsift::error, never a truncated one.
 template <Element Score = float>
-[[nodiscard]] segmented_topk_plan make_segmented_topk_plan(std::int32_t num_items,
-                                                                  std::int32_t num_segments,
-                                                                  std::int32_t num_kept) {
+[[nodiscard]] segmented_topk_plan make_segmented_topk_plan(std::int64_t num_items64,
+                                                                  std::int64_t num_segments64,
+                                                                  std::int64_t num_kept64) {
   constexpr const char* where = "cuda::make_segmented_topk_plan";
-  require(num_items >= 0, where, "num_items", num_items, ">= 0");
-  require(num_segments >= 0, where, "num_segments", num_segments, ">= 0");
-  require(num_kept >= 0 && num_kept <= num_items, where, "num_kept", num_kept,
+  constexpr std::int64_t max32 = std::numeric_limits<std::int32_t>::max();
+  require(num_items64 >= 0 && num_items64 <= max32, where, "num_items", num_items64,
+          "in [0, 2^31 - 1] (CUB's int32 item counts)");
+  require(num_segments64 >= 0 && num_segments64 <= max32, where, "num_segments",
+          num_segments64, "in [0, 2^31 - 1]");
+  require(num_kept64 >= 0 && num_kept64 <= num_items64, where, "num_kept", num_kept64,
           "in [0, num_items]");
+  const auto num_items = static_cast<std::int32_t>(num_items64);
+  const auto num_segments = static_cast<std::int32_t>(num_segments64);
+  const auto num_kept = static_cast<std::int32_t>(num_kept64);
   segmented_topk_plan p;
   p.num_items = num_items;
   p.num_segments = num_segments;
@@ -137,9 +146,9 @@ template <Element Score = float>
 
 // Workspace a segmented top-k of these counts needs (phase one, shorthand).
 template <Element Score = float>
-[[nodiscard]] std::size_t segmented_topk_workspace_bytes(std::int32_t num_items,
-                                                                std::int32_t num_segments,
-                                                                std::int32_t num_kept) {
+[[nodiscard]] std::size_t segmented_topk_workspace_bytes(std::int64_t num_items,
+                                                                std::int64_t num_segments,
+                                                                std::int64_t num_kept) {
   return make_segmented_topk_plan<Score>(num_items, num_segments, num_kept).workspace_bytes;
 }
 

@@ -4,7 +4,7 @@
 // Sparse decode attention: one query token per request attends over the index set (token_set)
 // or page set (page_set) of its KV head, read in place from a dense or paged KV view. This is
 // step 3 of the method lifecycle when the engine uses the library's kernel. Mirrors
-// attention/sparse_decode.hpp (the CPU reference).
+// attention/reference.hpp (attend_row, attend_plan: the CPU reference).
 //
 //   out[r][hq] = sum_j softmax_j(scale * q[r][hq] . k[r][hq / G][t_j]) * v[r][hq / G][t_j]
 //
@@ -39,12 +39,17 @@ namespace detail {
 
 inline constexpr int attention_warps = 4;
 
-// Walks the tokens of segment s that warp `w` of `nw` owns, calling f(t) for each.
+// Walks the tokens of segment s that warp `w` of `nw` owns, calling f(t) for each. Indices live
+// in device memory, where the host cannot check them without a copy: a token outside
+// [0, seq_len) of its request is never read (it is skipped, as if absent from the set), so a bad
+// index cannot read past the request's KV.
 template <class Kv, class F>
-KVSIFT_DEVICE void for_each_token(const token_set& set, const Kv&, std::int32_t, std::int32_t s,
-                                  int w, int nw, F&& f) {
+KVSIFT_DEVICE void for_each_token(const token_set& set, const Kv& kv, std::int32_t r,
+                                  std::int32_t s, int w, int nw, F&& f) {
+  const std::int32_t n = kv.seq_len(r);
   for (std::int32_t i = set.offsets[s] + w; i < set.offsets[s + 1]; i += nw) {
-    f(set.indices[i]);
+    const std::int32_t t = set.indices[i];
+    if (t >= 0 && t < n) f(t);
   }
 }
 
@@ -54,7 +59,10 @@ KVSIFT_DEVICE void for_each_token(const page_set& set, const Kv& kv, std::int32_
   const std::int32_t n = kv.seq_len(r);
   // pages are dealt to warps round-robin; a warp walks its page's tokens in order
   for (std::int32_t i = set.offsets[s] + w; i < set.offsets[s + 1]; i += nw) {
-    const std::int32_t first = set.indices[i] * set.page_size;
+    const std::int32_t page = set.indices[i];
+    if (page < 0) continue;  // never read before the request's first page
+    const std::int64_t first64 = static_cast<std::int64_t>(page) * set.page_size;
+    const std::int32_t first = first64 < n ? static_cast<std::int32_t>(first64) : n;
     const std::int32_t last = min(first + set.page_size, n);
     for (std::int32_t t = first; t < last; ++t) {
       f(t);

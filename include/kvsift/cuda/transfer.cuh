@@ -2,7 +2,7 @@
 #pragma once
 
 // Asynchronous host <-> device movement of KV (the CUDA Transfer models) and FreeKV's
-// double-buffered recall with HND -> NHD conversion. Mirrors transfer/sync_copy.hpp.
+// double-buffered recall with HND -> NHD conversion. Mirrors transfer/basic.hpp (transfer::sync_copy).
 //
 // - async_transfer: submit a copy on a stream, poll it or make another stream wait for it;
 //   the "submit/poll" seam of DESIGN §8. Host memory must be pinned for real overlap.
@@ -91,6 +91,7 @@ struct recall_shape {
   std::int32_t num_kv_heads = 0;
   std::int32_t head_dim = 0;
   std::int32_t chunk_items = 64;   // items per staging buffer, 1 .. max_recall_chunk
+  std::int32_t num_slots = -1;     // device page slots, when known: slot ids are checked against it
 };
 
 inline constexpr int max_recall_chunk = 64;
@@ -238,6 +239,18 @@ void hnd_pages_to_nhd(par policy, recall_shape shape, const T* hnd_pages,
   constexpr const char* where = "cuda::hnd_pages_to_nhd";
   require(shape.page_size > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0, where,
           "shape.page_size", shape.page_size, "positive page_size, num_kv_heads, head_dim");
+  if (slots.empty()) return;
+  require(hnd_pages != nullptr, where, "hnd_pages", "null", "a device [pages][kv_heads][2][p][d] array");
+  require(k_dev != nullptr && v_dev != nullptr, where, "k_dev/v_dev", "null",
+          "device [slots][p][kv_heads][d] arrays");
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    require(slots[i] >= 0 && (shape.num_slots < 0 || slots[i] < shape.num_slots), where,
+            [&] { return "slots[" + std::to_string(i) + "]"; }, slots[i], [&] {
+              return shape.num_slots < 0
+                         ? std::string(">= 0")
+                         : "a device slot in [0, num_slots = " + std::to_string(shape.num_slots) + ")";
+            });
+  }
   const std::size_t blk = std::size_t{2} * shape.page_size * shape.head_dim;
   detail::recall_chunk meta{};
   std::size_t done = 0;

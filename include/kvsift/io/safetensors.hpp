@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -102,9 +103,15 @@ using shape_t = std::vector<std::int64_t>;
   return out + "]";
 }
 
-[[nodiscard]] inline std::int64_t shape_numel(const shape_t& s) noexcept {
+// Elements of a shape. A negative extent or a product past INT64_MAX (a hostile header) is a
+// kvsift::error, never a wrapped count.
+[[nodiscard]] inline std::int64_t shape_numel(const shape_t& s) {
   std::int64_t n = 1;
   for (auto e : s) {
+    if (e < 0 || (e > 0 && n > std::numeric_limits<std::int64_t>::max() / e)) [[unlikely]] {
+      throw make_error("io::shape_numel", "shape", shape_string(s),
+                       "non-negative extents whose product fits int64");
+    }
     n *= e;
   }
   return n;
@@ -118,7 +125,7 @@ struct tensor_info {
   shape_t shape;            // row-major extents; [] is a scalar
   std::size_t offset = 0;   // byte offset in the data section
   std::size_t nbytes = 0;   // byte length (== numel * dtype_size for convertible dtypes)
-  [[nodiscard]] std::int64_t numel() const noexcept { return shape_numel(shape); }
+  [[nodiscard]] std::int64_t numel() const { return shape_numel(shape); }
 };
 
 // A tensor to write: element type, shape and its little-endian bytes.
@@ -263,7 +270,13 @@ class safetensors_file {
       t.offset = static_cast<std::size_t>(begin);
       t.nbytes = static_cast<std::size_t>(end - begin);
       if (t.type != dtype::other) {
-        const auto want = static_cast<std::uint64_t>(t.numel()) * dtype_size(t.type);
+        const auto numel = static_cast<std::uint64_t>(t.numel());  // throws on overflow
+        require(numel <= data_size / dtype_size(t.type), where, detail::tensor_arg(name, "shape"),
+                shape_string(t.shape), [&] {
+                  return "at most " + std::to_string(data_size / dtype_size(t.type)) +
+                         " elements (the data section's size)";
+                });
+        const auto want = numel * dtype_size(t.type);
         require(t.nbytes == want, where, detail::tensor_arg(name, "byte length"), t.nbytes,
                 std::to_string(want) + " bytes for " + t.dtype_text + " " +
                     shape_string(t.shape));

@@ -31,9 +31,13 @@
 // the queries handed to prefill/decode); ragged batches and chunked prefill are the normal case.
 
 #include <kvsift/attention/reference.hpp>
+#include <kvsift/budget/progressive.hpp>
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/view.hpp>
+#include <kvsift/method/composition.hpp>
+#include <kvsift/method/lifecycle.hpp>
 #include <kvsift/score/context.hpp>
+#include <kvsift/select/page_topk.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -42,106 +46,10 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace kvsift {
-
-// What a composition can promise an engine (DESIGN §7.2), as constexpr flags.
-struct capabilities {
-  bool changes_physical_length = false;  // kept sets compact the store (memory is reclaimed)
-  bool safe_with_shared_prefix = true;   // never mutates a block another request shares
-  bool needs_queries = false;            // prefill/decode must hand over queries
-  bool cuda_graph_safe = false;          // decode path capturable in a CUDA graph
-  bool speculative_decoding = false;     // decode steps may be rolled back
-};
-
-// One request's prompt chunk for one layer.
-template <Element T>
-struct prefill_chunk {
-  int request = 0;
-  kv_view<const T, nhd> keys;        // [tokens, kv_heads, d] (keys after RoPE)
-  kv_view<const T, nhd> values;      // [tokens, kv_heads, d]
-  // [nq, q_heads, d]: the queries of the chunk's LAST nq tokens (0 <= nq <= tokens), or empty
-  // when the scorer needs none. Engines usually keep only the observation window, so a chunk may
-  // carry just its newest queries (query i sits at position first_position + tokens - nq + i).
-  // A scorer that reads every prompt query (H2O, query_window() < 0) needs nq == tokens; one
-  // reading the newest w queries needs, on the `last` chunk, min(w, prompt tokens) queries that
-  // end at the prompt's last token (this chunk's, continued by earlier chunks' when contiguous).
-  kv_view<const float, nhd> queries;
-  std::int32_t first_position = 0;   // original position of the chunk's first token
-  bool last = true;                  // the prompt ends with this chunk
-};
-
-// One request's decode token for one layer.
-template <Element T>
-struct decode_token {
-  int request = 0;
-  const float* query = nullptr;  // [q_heads, d]
-  const T* key = nullptr;        // [kv_heads, d]
-  const T* value = nullptr;      // [kv_heads, d]
-};
-
-// The attention plan of one decode step for a ragged batch: segment r * kv_heads + h holds what
-// KV head h of the r-th request of the batch reads, ascending.
-struct attention_plan {
-  std::vector<int> requests;  // [R] the batch, in call order
-  index_sets slots;           // [R * kv_heads] store slots to read
-  index_sets positions;       // [R * kv_heads] their original positions
-  index_sets pages;           // page-level methods: [R * kv_heads] selected pages (every page in
-                              // a dense layer); empty otherwise
-};
-
-struct method_stats {
-  std::int64_t resident_bytes = 0;     // key + value bytes resident in the store's space
-  std::int64_t resident_tokens = 0;    // tokens resident, summed over head-sequences
-  std::int64_t bytes_transferred = 0;  // bytes the Transfer moved
-  std::int64_t refreshes = 0;          // compression / selection rounds run
-  std::int64_t stalls = 0;             // waits for a transfer inside a step
-  std::vector<int> layer_budgets;      // [layers] last budget (tokens) applied per layer, -1 if none
-};
-
-// A finished compression round of one layer, as a progressive budgeter sees it (DynamicKV).
-struct budget_round {
-  int layer = 0;
-  int layers = 1;
-  int kv_heads = 1;
-  lifecycle_event event = lifecycle_event::prefill_end;
-  std::span<const int> requests;       // [R] the requests compressed in this round
-  const score_sets* scores = nullptr;  // [R * kv_heads] the round's scores, one per slot before retain
-  const index_sets* kept = nullptr;    // [R * kv_heads] the slots the round kept, ascending
-};
-
-// A progressive budgeter's order to shrink a layer it has already seen: (request, layer) keeps
-// exactly the resident slots `kept` (one ascending segment per KV head), `budget` tokens each.
-struct budget_revision {
-  int request = 0;
-  int layer = 0;
-  int budget = 0;   // tokens kept per KV head after the revision (protected ones included)
-  index_sets kept;  // [kv_heads] resident slots to keep
-};
-
-namespace detail {
-// A budgeter that revises earlier layers after each round (DynamicKV's progressive update).
-template <class B>
-concept progressive_budgeter =
-    requires(B& b, const budget_round& round, std::vector<budget_revision>& out) {
-      b.revise(round, out);
-    };
-template <class Sc, class Store>
-concept stateful_scorer = requires(Sc& sc, const Store& st, const index_sets& sets, const float* q) {
-  sc.observe(st, 0, 0, q, sets, 0);
-  sc.compact(st, 0, 0, sets);
-};
-// A selector that keeps each head-sequence's frozen prefix (LagKV's base): select(scores,
-// budgets, kept, frozen) reads the prefix per segment (slots before it are final, never
-// rescored), writes the prefix after the selection, and returns the compression rounds the call
-// amounts to (stats().refreshes adds them).
-template <class Se>
-concept freezing_selector = requires(const Se& s, const score_sets& sc, std::span<const int> b,
-                                     index_sets& k, std::span<int> f) {
-  { s.select(sc, b, k, f) } -> std::convertible_to<int>;
-};
-}  // namespace detail
 
 template <KvStore Store_, Scorer Scorer_, Selector Selector_, Budgeter Budgeter_,
           Transfer Transfer_, Trigger Trigger_>
@@ -152,6 +60,12 @@ class method {
   static_assert(HostAccessible<typename Store_::memory_space>,
                 "kvsift::method: the CPU lifecycle needs a host-accessible Store; use the CUDA "
                 "backend for device stores");
+  static_assert(detail::composition_checked<Store_, Scorer_, Selector_, Budgeter_>);
+
+  // Optional hooks run only when the component declares them (method/composition.hpp).
+  static constexpr hooks scorer_hooks = hooks_of<Scorer_>;
+  static constexpr hooks selector_hooks = hooks_of<Selector_>;
+  static constexpr hooks budgeter_hooks = hooks_of<Budgeter_>;
 
  public:
   using store_type = Store_;
@@ -192,6 +106,12 @@ class method {
     if constexpr (requires { Selector_{p.selector}.validate(""); }) Selector_{p.selector}.validate("method");
     if constexpr (requires { Budgeter_{p.budgeter}.validate(""); }) Budgeter_{p.budgeter}.validate("method");
     if constexpr (requires { Trigger_{p.trigger}.validate(""); }) Trigger_{p.trigger}.validate("method");
+    // Parameters two parts share must agree (Quest's page size, SnapKV's window, LagKV's sink
+    // and lag): a mismatch would score one page or window and keep another.
+    detail::same_shared_params(p.scorer, p.selector, "scorer", "selector");
+    detail::same_shared_params(p.budgeter, p.selector, "budgeter", "selector");
+    detail::same_shared_params(p.trigger, p.selector, "trigger", "selector");
+    detail::same_shared_params(p.scorer, p.trigger, "scorer", "trigger");
   }
 
   explicit method(Store_& store, params p = {})
@@ -205,6 +125,7 @@ class method {
     steps_.assign(slots, 0);
     frozen_.assign(slots * sh.kv_heads, 0);
     layer_budgets_.assign(static_cast<std::size_t>(sh.layers), -1);
+    in_batch_.assign(static_cast<std::size_t>(store.requests()), 0);
   }
 
   [[nodiscard]] const params& parameters() const { return p_; }
@@ -305,17 +226,49 @@ class method {
     constexpr std::string_view where = "method.decode";
     const auto& sh = store_->shape();
     check_layer(where, layer);
-    for (const auto& t : tokens) {
-      check_request(where, t.request);
-      require(t.key != nullptr && t.value != nullptr, where, "key/value", "null",
-              "[kv_heads, d] arrays");
-      require(!Scorer_::needs_queries || t.query != nullptr, where, "query", "null",
-              "a [q_heads, d] array (this method's scorer needs queries)");
-      const auto seq = sh.sequence(t.request, layer, 0);
-      require(store_->length(seq) < store_->capacity(seq), where, "request", t.request,
-              "a head-sequence with room for one more token");
+    // The whole batch is checked before any token is appended: every KV head's room and, for a
+    // paged pool, the pages of the whole batch; each request at most once.
+    int pool_pages = 0;
+    std::size_t i = 0;
+    try {
+      for (; i < tokens.size(); ++i) {
+        const auto& t = tokens[i];
+        check_request(where, t.request);
+        require(in_batch_[t.request] == 0, where,
+                [&] { return "tokens[" + std::to_string(i) + "].request"; }, t.request,
+                [] { return std::string("a request at most once per batch"); });
+        in_batch_[t.request] = 1;
+        require(t.key != nullptr && t.value != nullptr, where, "key/value", "null",
+                "[kv_heads, d] arrays");
+        require(!Scorer_::needs_queries || t.query != nullptr, where, "query", "null",
+                "a [q_heads, d] array (this method's scorer needs queries)");
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          const auto seq = sh.sequence(t.request, layer, h);
+          require(store_->length(seq) < store_->capacity(seq), where, "request", t.request,
+                  "a head-sequence with room for one more token");
+          if constexpr (requires { store_->free_pages(); store_->page_size(); }) {
+            pool_pages += store_->length(seq) % store_->page_size() == 0 ? 1 : 0;
+          }
+        }
+        if constexpr (requires { store_->free_pages(); store_->page_size(); }) {
+          require(pool_pages <= store_->free_pages(), where, "request", t.request, [&] {
+            return "room in the page pool for the whole batch (" + std::to_string(pool_pages) +
+                   " pages needed up to this request, " + std::to_string(store_->free_pages()) +
+                   " free)";
+          });
+        }
+      }
+    } catch (...) {
+      for (std::size_t j = 0; j <= i && j < tokens.size(); ++j) {
+        if (tokens[j].request >= 0 && tokens[j].request < store_->requests()) {
+          in_batch_[tokens[j].request] = 0;
+        }
+      }
+      throw;
     }
+    for (const auto& t : tokens) in_batch_[t.request] = 0;
     check_budgets_after_step(layer, tokens);
+    plan_layer_ = -1;
     plan_.requests.clear();
     for (const auto& t : tokens) {
       const auto pos = store_->next_position(t.request, layer);
@@ -329,10 +282,12 @@ class method {
     if constexpr (page_level_selection) {
       if (layer >= p_.dense_layers) {
         select_pages(layer, tokens);
+        plan_layer_ = layer;
         return plan_;
       }
     }
-    std::vector<int> sizes;
+    auto& sizes = sizes_;
+    sizes.clear();
     for (const int r : plan_.requests) {
       for (int h = 0; h < sh.kv_heads; ++h) sizes.push_back(store_->length(sh.sequence(r, layer, h)));
     }
@@ -344,15 +299,15 @@ class method {
     }
     if constexpr (page_level_selection) {  // a dense layer of a page method reads every page
       const int ps = selector_.p.page_size;
-      std::vector<int> page_counts;
-      for (const int n : sizes) page_counts.push_back((n + ps - 1) / ps);
-      plan_.pages.resize(page_counts);
+      for (int& n : sizes) n = (n + ps - 1) / ps;
+      plan_.pages.resize(sizes);
       for (int s = 0; s < plan_.pages.segments(); ++s) {
         auto seg = plan_.pages[s];
         std::iota(seg.begin(), seg.end(), 0);
       }
     }
     fill_positions(layer);
+    plan_layer_ = layer;
     return plan_;
   }
   const attention_plan& decode(int layer, const decode_token<element_type>& token) {
@@ -360,7 +315,13 @@ class method {
   }
 
   // 3. The library's attention over the current plan: out [tokens.size(), q_heads, d].
+  // The call must be the step of the last decode(): same layer, same requests in the same
+  // order, a query each (kvsift::error otherwise).
   void attend(int layer, std::span<const decode_token<element_type>> tokens, float* out) const {
+    constexpr std::string_view where = "method.attend";
+    check_step(where, layer, tokens, true);
+    require(out != nullptr || tokens.empty(), where, "out", "null",
+            "a [tokens, q_heads, d] output array");
     const auto& sh = store_->shape();
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       attention::attend_plan(*store_, tokens[i].request, layer, tokens[i].query, plan_.slots,
@@ -370,16 +331,21 @@ class method {
   }
 
   // 4. Applies this step's decisions; they show from the next step.
+  // The call must be the step of the last decode() (same layer, same requests in the same
+  // order, queries when the scorer needs them), once: the step's plan is spent afterwards.
   void after_attention(int layer, std::span<const decode_token<element_type>> tokens) {
+    check_step("method.after_attention", layer, tokens, Scorer_::needs_queries);
+    plan_layer_ = -1;  // applied once; the next step starts with decode()
     if (layer < p_.dense_layers || page_level_selection) return;
     const auto& sh = store_->shape();
-    if constexpr (detail::stateful_scorer<Scorer_, Store_>) {
+    if constexpr (scorer_hooks.observe) {
       for (std::size_t i = 0; i < tokens.size(); ++i) {
         scorer_.observe(*store_, tokens[i].request, layer, tokens[i].query, plan_.slots,
                         static_cast<int>(i) * sh.kv_heads);
       }
     }
-    std::vector<int> batch;
+    auto& batch = batch_;
+    batch.clear();
     for (const auto& t : tokens) {
       // A scorer reading every query (H2O, window -1) follows decode through observe(): keeping
       // each decode query too would grow a buffer by q_heads * d floats per step, unused.
@@ -411,7 +377,9 @@ class method {
       std::vector<float>().swap(queries_[slot(request, l)]);
       for (int h = 0; h < sh.kv_heads; ++h) frozen_[sh.sequence(request, l, h)] = 0;
     }
-    if constexpr (requires { budgeter_.reset(request); }) budgeter_.reset(request);
+    if constexpr (scorer_hooks.reset) scorer_.reset(std::as_const(*store_), request);
+    if constexpr (budgeter_hooks.reset) budgeter_.reset(request);
+    plan_layer_ = -1;  // a pending step may have included the request
   }
 
   // 5.
@@ -440,11 +408,35 @@ class method {
   }
   void check_layer(std::string_view where, int layer) const {
     require(layer >= 0 && layer < store_->shape().layers, where, "layer", layer,
-            "in [0, " + std::to_string(store_->shape().layers) + ")");
+            [&] { return "in [0, " + std::to_string(store_->shape().layers) + ")"; });
   }
   void check_request(std::string_view where, int request) const {
     require(request >= 0 && request < store_->requests(), where, "request", request,
-            "in [0, " + std::to_string(store_->requests()) + ")");
+            [&] { return "in [0, " + std::to_string(store_->requests()) + ")"; });
+  }
+  // attend / after_attention: the step planned by the last decode(), not yet applied.
+  void check_step(std::string_view where, int layer,
+                  std::span<const decode_token<element_type>> tokens, bool needs_query) const {
+    require(plan_layer_ >= 0 && layer == plan_layer_, where, "layer", layer, [&] {
+      return plan_layer_ < 0
+                 ? std::string("the layer of a decode() not yet applied (none is pending: call "
+                               "decode() first, once per step)")
+                 : "the layer of the last decode() (" + std::to_string(plan_layer_) + ")";
+    });
+    require(tokens.size() == plan_.requests.size(), where, "tokens.size", tokens.size(), [&] {
+      return "the last decode()'s batch size (" + std::to_string(plan_.requests.size()) + ")";
+    });
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      require(tokens[i].request == plan_.requests[i], where,
+              [&] { return "tokens[" + std::to_string(i) + "].request"; }, tokens[i].request,
+              [&] {
+                return "request " + std::to_string(plan_.requests[i]) +
+                       ", as in the last decode()";
+              });
+      require(!needs_query || tokens[i].query != nullptr, where,
+              [&] { return "tokens[" + std::to_string(i) + "].query"; }, "null",
+              [] { return std::string("a [q_heads, d] array"); });
+    }
   }
 
   // Queries available for the window ending at chunk c's last token: c's own, plus the buffered
@@ -495,8 +487,7 @@ class method {
   // A budget that cannot hold the protected tokens is an error before anything is appended.
   void check_budgets_after_prefill(int layer,
                                    std::span<const prefill_chunk<element_type>> chunks) const {
-    if constexpr (!page_level_selection &&
-                  requires(const score_sets& s, std::span<const int> b) { selector_.check(s, b); }) {
+    if constexpr (!page_level_selection && selector_hooks.check) {
       if (layer < p_.dense_layers) return;
       const auto& sh = store_->shape();
       std::vector<int> lengths;
@@ -519,8 +510,7 @@ class method {
   // error comes before the step, never from after_attention with the token already appended.
   void check_budgets_after_step(int layer,
                                 std::span<const decode_token<element_type>> tokens) const {
-    if constexpr (compresses && !page_level_selection &&
-                  requires(const score_sets& s, std::span<const int> b) { selector_.check(s, b); }) {
+    if constexpr (compresses && !page_level_selection && selector_hooks.check) {
       if (layer < p_.dense_layers) return;
       const auto& sh = store_->shape();
       std::vector<int> lengths;
@@ -554,7 +544,8 @@ class method {
   void compress(int layer, const std::vector<int>& requests, lifecycle_event event) {
     if (requests.empty()) return;
     const auto& sh = store_->shape();
-    std::vector<int> lengths;
+    auto& lengths = lengths_;
+    lengths.clear();
     for (const int r : requests) {
       for (int h = 0; h < sh.kv_heads; ++h) lengths.push_back(store_->length(sh.sequence(r, layer, h)));
     }
@@ -592,7 +583,7 @@ class method {
     score_input<Store_> in{store_, layer, event, firing, qs, qpos, frozen};
     scorer_.score(in, scores_);
     // The selector throws before any store is touched; a freezing one advances `frozen`.
-    if constexpr (detail::freezing_selector<Selector_>) {
+    if constexpr (selector_hooks.freeze) {
       refreshes_ += selector_.select(scores_, firing_budgets, kept_, std::span<int>(frozen));
       for (std::size_t i = 0; i < firing.size(); ++i) {
         for (int h = 0; h < sh.kv_heads; ++h) {
@@ -614,18 +605,18 @@ class method {
       }
       if (!shrinks) continue;
       store_->retain(firing[i], layer, per_request);
-      if constexpr (detail::stateful_scorer<Scorer_, Store_>) {
+      if constexpr (scorer_hooks.compact) {
         scorer_.compact(*store_, firing[i], layer, per_request);
       }
     }
     // Progressive budgeters see the round, then may shrink layers already compressed, in place.
-    if constexpr (detail::progressive_budgeter<Budgeter_>) {
+    if constexpr (budgeter_hooks.revise) {
       revisions_.clear();
       budgeter_.revise(budget_round{layer, sh.layers, sh.kv_heads, event, firing, &scores_, &kept_},
                        revisions_);
       for (const auto& rv : revisions_) {
         store_->retain(rv.request, rv.layer, rv.kept);
-        if constexpr (detail::stateful_scorer<Scorer_, Store_>) {
+        if constexpr (scorer_hooks.compact) {
           scorer_.compact(*store_, rv.request, rv.layer, rv.kept);
         }
         if (rv.request == firing.front()) layer_budgets_[rv.layer] = rv.budget;
@@ -649,21 +640,7 @@ class method {
     scorer_.score(in, scores_);
     budgeter_.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets_);
     selector_.select(scores_, budgets_, plan_.pages);
-    const int ps = selector_.p.page_size;
-    std::vector<int> sizes;
-    for (int s = 0; s < plan_.pages.segments(); ++s) {
-      int n = 0;
-      for (const auto pg : plan_.pages[s]) n += std::min(ps, lengths[s] - pg * ps);
-      sizes.push_back(n);
-    }
-    plan_.slots.resize(sizes);
-    for (int s = 0; s < plan_.pages.segments(); ++s) {
-      auto out = plan_.slots[s];
-      std::size_t i = 0;
-      for (const auto pg : plan_.pages[s]) {
-        for (int j = pg * ps; j < std::min(lengths[s], (pg + 1) * ps); ++j) out[i++] = j;
-      }
-    }
+    select::expand_pages(plan_.pages, lengths, selector_.p.page_size, plan_.slots, sizes_);
     ++refreshes_;
     fill_positions(layer);
   }
@@ -698,6 +675,10 @@ class method {
   index_sets kept_;
   std::vector<budget_revision> revisions_;  // a progressive budgeter's orders after a round
   attention_plan plan_;
+  int plan_layer_ = -1;                // layer of the pending step (decode() done, not yet applied)
+  std::vector<int> sizes_;             // scratch: plan segment sizes
+  std::vector<int> batch_, lengths_;   // scratch: after_attention's batch, a round's lengths
+  std::vector<unsigned char> in_batch_;  // [requests] scratch: requests seen in a decode batch
 };
 
 }  // namespace kvsift

@@ -19,6 +19,7 @@ namespace kvsift::score {
 // Cost: prefill O(n^2 d) per query head (every prompt query), decode O(|plan| d).
 struct cumulative_attention {
   using kvsift_role = scorer_tag;
+  static constexpr hooks kvsift_hooks{.observe = true, .compact = true, .reset = true};
   using granularity = token_level;
   static constexpr bool needs_queries = true;
   struct params {
@@ -105,6 +106,15 @@ struct cumulative_attention {
       const auto slots = kept[h];
       for (std::size_t i = 0; i < slots.size(); ++i) run[i] = run[slots[i]];
       run.resize(slots.size());
+    }
+  }
+
+  // A request ended (method::reset): drop its running scores.
+  template <class Store>
+  void reset(const Store& store, int request) {
+    const model_shape& sh = store.shape();
+    for (int l = 0; l < sh.layers; ++l) {
+      for (int h = 0; h < sh.kv_heads; ++h) running_.erase(sh.sequence(request, l, h));
     }
   }
 

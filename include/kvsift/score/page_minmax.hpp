@@ -52,6 +52,7 @@ namespace kvsift::score {
 // (default max). Parameters: page_size 16, GQA max. Cost: O(n d) digests, O(n/p d) per query.
 struct page_minmax {
   using kvsift_role = scorer_tag;
+  static constexpr hooks kvsift_hooks{.reset = true};
   using granularity = page_level;
   static constexpr bool needs_queries = true;
   struct params {
@@ -70,9 +71,11 @@ struct page_minmax {
 
   // One score per page for the newest query of each request. Digests are cached per
   // head-sequence and, while the store only appends, updated from the last cached page on
-  // (a decode step touches one page); after a compaction they are recomputed.
+  // (a decode step touches one page); after a compaction they are recomputed, and reset(request)
+  // (method::reset) drops a request's. The cache is this instance's state: score() is not const,
+  // and one instance serves one method (no two threads score through it at once).
   template <class Store>
-  void score(const score_input<Store>& in, score_sets& out) const {
+  void score(const score_input<Store>& in, score_sets& out) {
     const model_shape& sh = in.store->shape();
     const int ps = p.page_size;
     layout_scores(in, out,
@@ -91,7 +94,7 @@ struct page_minmax {
   // then query head h, which reads KV head h / G) holding its page scores, for a page selector
   // that keeps one page set per query head. Cost as score().
   template <class Store>
-  void score_per_query_head(const score_input<Store>& in, score_sets& out) const {
+  void score_per_query_head(const score_input<Store>& in, score_sets& out) {
     const model_shape& sh = in.store->shape();
     const int ps = p.page_size;
     const int G = sh.group_size();
@@ -110,6 +113,16 @@ struct page_minmax {
     });
   }
 
+  // A request ended: forget its head-sequences' digests (a new prompt in the same slot may
+  // have the same positions and length, so nothing else could tell them apart).
+  template <class Store>
+  void reset(const Store& store, int request) {
+    const model_shape& sh = store.shape();
+    for (int l = 0; l < sh.layers; ++l) {
+      for (int h = 0; h < sh.kv_heads; ++h) digests_.erase(sh.sequence(request, l, h));
+    }
+  }
+
  private:
   struct digest {
     std::vector<float> kmin, kmax;  // [pages, d]
@@ -120,7 +133,7 @@ struct page_minmax {
   // Brings the cached digest of `seq` up to the store's current tokens (serially, before any
   // parallel read of the cache).
   template <class Store>
-  void refresh_digest(const Store& store, std::int64_t seq) const {
+  void refresh_digest(const Store& store, std::int64_t seq) {
     const int n = store.length(seq);
     const int d = store.shape().head_dim;
     const int pages = (n + p.page_size - 1) / p.page_size;
@@ -145,7 +158,11 @@ struct page_minmax {
     const int h = s % sh.kv_heads;
     const auto seq = in.sequence(s);
     const int pages = (in.store->length(seq) + p.page_size - 1) / p.page_size;
-    const digest& dg = digests_.at(seq);
+    const auto it = digests_.find(seq);  // refreshed serially before the parallel reads
+    if (it == digests_.end()) [[unlikely]] {
+      throw make_error("score::page_minmax", "sequence", seq, "a refreshed page digest");
+    }
+    const digest& dg = it->second;
     const float* kmin = dg.kmin.data();
     const float* kmax = dg.kmax.data();
     const auto& q = in.queries[r];
@@ -158,7 +175,7 @@ struct page_minmax {
     }
   }
 
-  mutable std::unordered_map<std::int64_t, digest> digests_;  // per head-sequence
+  std::unordered_map<std::int64_t, digest> digests_;  // per head-sequence
 };
 static_assert(Scorer<page_minmax>);
 

@@ -38,10 +38,10 @@ struct page_topk {
   void select(const score_sets& scores, std::span<const int> budgets, index_sets& kept) const {
     require(static_cast<int>(budgets.size()) == scores.segments(), "select::page_topk",
             "budgets.size", budgets.size(),
-            "one budget per segment (" + std::to_string(scores.segments()) + ")");
+            [&] { return "one budget per segment (" + std::to_string(scores.segments()) + ")"; });
     for (int s = 0; s < scores.segments(); ++s) {
-      require(budgets[s] >= 0, "select::page_topk", "budgets[" + std::to_string(s) + "]",
-              budgets[s], ">= 0");
+      require(budgets[s] >= 0, "select::page_topk", [s] { return "budgets[" + std::to_string(s) + "]"; },
+              budgets[s], [] { return std::string(">= 0"); });
     }
     if (p.check_finite) {
       validate_finite(
@@ -69,5 +69,37 @@ struct page_topk {
   }
 };
 static_assert(Selector<page_topk>);
+
+// The slots a page selection reads: per segment s, every slot of each page of pages[s], in
+// page order, the last page cut at lengths[s] (pages ascend, so slots ascend). `sizes` is
+// scratch, reused across calls. Cost: O(selected slots).
+inline void expand_pages(const index_sets& pages, std::span<const int> lengths, int page_size,
+                         index_sets& slots, std::vector<int>& sizes) {
+  require(static_cast<int>(lengths.size()) == pages.segments(), "select::expand_pages",
+          "lengths.size", lengths.size(),
+          [&] { return "one length per segment (" + std::to_string(pages.segments()) + ")"; });
+  require(page_size > 0, "select::expand_pages", "page_size", page_size, "> 0");
+  sizes.resize(static_cast<std::size_t>(pages.segments()));
+  for (int s = 0; s < pages.segments(); ++s) {
+    int n = 0;
+    for (const auto pg : pages[s]) {
+      const bool in_range = pg >= 0 && static_cast<std::int64_t>(pg) * page_size < lengths[s];
+      require(in_range, "select::expand_pages", [&] { return "pages[" + std::to_string(s) + "]"; },
+              pg, [&] {
+                return "a page of the segment's " + std::to_string(lengths[s]) + " tokens";
+              });
+      n += std::min(page_size, lengths[s] - pg * page_size);
+    }
+    sizes[s] = n;
+  }
+  slots.resize(sizes);
+  for (int s = 0; s < pages.segments(); ++s) {
+    auto out = slots[s];
+    std::size_t i = 0;
+    for (const auto pg : pages[s]) {
+      for (int j = pg * page_size; j < std::min(lengths[s], (pg + 1) * page_size); ++j) out[i++] = j;
+    }
+  }
+}
 
 }  // namespace kvsift::select

@@ -34,6 +34,7 @@ namespace kvsift::select {
 // must be in [1, lag]. Cost: O(n) per segment (nth_element per partition).
 struct partition_topk {
   using kvsift_role = selector_tag;
+  static constexpr hooks kvsift_hooks{.freeze = true};
   using granularity = token_level;
   struct params {
     int sink = 16;               // S: slots [0, S) are never compressed

@@ -23,6 +23,7 @@ namespace kvsift::select {
 // (nth_element).
 struct topk {
   using kvsift_role = selector_tag;
+  static constexpr hooks kvsift_hooks{.check = true};
   using granularity = token_level;
   struct params {
     int sink = 0;
@@ -47,15 +48,18 @@ struct topk {
   void check(const score_sets& scores, std::span<const int> budgets) const {
     constexpr std::string_view where = "select::topk";
     require(static_cast<int>(budgets.size()) == scores.segments(), where, "budgets.size",
-            budgets.size(), "one budget per segment (" + std::to_string(scores.segments()) + ")");
+            budgets.size(),
+            [&] { return "one budget per segment (" + std::to_string(scores.segments()) + ")"; });
     for (int s = 0; s < scores.segments(); ++s) {
       const int n = scores.size(s);
       const int b = budgets[s];
-      require(b >= 0, where, "budgets[" + std::to_string(s) + "]", b, ">= 0");
+      const auto arg = [s] { return "budgets[" + std::to_string(s) + "]"; };
+      require(b >= 0, where, arg, b, [] { return std::string(">= 0"); });
       if (b < n) {
-        require(b >= p.sink + window_for(b), where, "budgets[" + std::to_string(s) + "]", b,
-                ">= the protected tokens: sink " + std::to_string(p.sink) + " + window " +
-                    std::to_string(window_for(b)));
+        require(b >= p.sink + window_for(b), where, arg, b, [&] {
+          return ">= the protected tokens: sink " + std::to_string(p.sink) + " + window " +
+                 std::to_string(window_for(b));
+        });
       }
     }
     if (p.check_finite) {

@@ -72,17 +72,19 @@ class basic_store {
     k.validate(where, "k", shape_.kv_heads, shape_.head_dim);
     v.validate(where, "v", shape_.kv_heads, shape_.head_dim);
     require(v.tokens == k.tokens, where, "v.tokens", v.tokens,
-            "k.tokens (" + std::to_string(k.tokens) + ")");
+            [&] { return "k.tokens (" + std::to_string(k.tokens) + ")"; });
     const std::int32_t next = next_position(request, layer);
-    require(first_position >= next, where, "first_position", first_position,
-            ">= " + std::to_string(next) + " (positions ascend within a head-sequence)");
+    require(first_position >= next, where, "first_position", first_position, [&] {
+      return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";
+    });
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto seq = shape_.sequence(request, layer, h);
-      require(self().can_grow(seq, length_[seq] + k.tokens), where, "k.tokens", k.tokens,
-              "room in head-sequence (request " + std::to_string(request) + ", layer " +
-                  std::to_string(layer) + ", head " + std::to_string(h) + "): " +
-                  std::to_string(length_[seq]) + " resident of capacity " +
-                  std::to_string(self().capacity(seq)));
+      require(self().can_grow(seq, length_[seq] + k.tokens), where, "k.tokens", k.tokens, [&] {
+        return "room in head-sequence (request " + std::to_string(request) + ", layer " +
+               std::to_string(layer) + ", head " + std::to_string(h) + "): " +
+               std::to_string(length_[seq]) + " resident of capacity " +
+               std::to_string(self().capacity(seq));
+      });
     }
     if constexpr (requires(const Derived& d) { d.pages_to_grow(std::int64_t{}, 0); }) {
       // a shared pool must hold the new pages of every KV head together, not just each alone
@@ -91,9 +93,10 @@ class basic_store {
         const auto seq = shape_.sequence(request, layer, h);
         need += self().pages_to_grow(seq, length_[seq] + k.tokens);
       }
-      require(need <= self().free_pages(), where, "k.tokens", k.tokens,
-              "room in the page pool: " + std::to_string(need) + " pages needed for all KV heads, " +
-                  std::to_string(self().free_pages()) + " free");
+      require(need <= self().free_pages(), where, "k.tokens", k.tokens, [&] {
+        return "room in the page pool: " + std::to_string(need) +
+               " pages needed for all KV heads, " + std::to_string(self().free_pages()) + " free";
+      });
     }
     const std::size_t row_bytes = static_cast<std::size_t>(shape_.head_dim) * sizeof(T);
     for (int h = 0; h < shape_.kv_heads; ++h) {
@@ -116,7 +119,7 @@ class basic_store {
     constexpr std::string_view where = "store.retain";
     check_request_layer(where, request, layer);
     require(kept.segments() == shape_.kv_heads, where, "kept.segments", kept.segments(),
-            "one segment per KV head (" + std::to_string(shape_.kv_heads) + ")");
+            [&] { return "one segment per KV head (" + std::to_string(shape_.kv_heads) + ")"; });
     validate_index_sets(
         kept, [&](int h) { return length_[shape_.sequence(request, layer, h)]; }, where, "kept");
     const std::size_t row_bytes = static_cast<std::size_t>(shape_.head_dim) * sizeof(T);
@@ -140,7 +143,7 @@ class basic_store {
   // Drops every token of a request (its slot in a continuous batch becomes free).
   void reset(int request) {
     require(request >= 0 && request < requests_, "store.reset", "request", request,
-            "in [0, " + std::to_string(requests_) + ")");
+            [&] { return "in [0, " + std::to_string(requests_) + ")"; });
     for (int l = 0; l < shape_.layers; ++l) {
       next_[static_cast<std::size_t>(request) * shape_.layers + l] = 0;
       for (int h = 0; h < shape_.kv_heads; ++h) {
@@ -164,9 +167,9 @@ class basic_store {
 
   void check_request_layer(std::string_view where, int request, int layer) const {
     require(request >= 0 && request < requests_, where, "request", request,
-            "in [0, " + std::to_string(requests_) + ")");
+            [&] { return "in [0, " + std::to_string(requests_) + ")"; });
     require(layer >= 0 && layer < shape_.layers, where, "layer", layer,
-            "in [0, " + std::to_string(shape_.layers) + ")");
+            [&] { return "in [0, " + std::to_string(shape_.layers) + ")"; });
   }
 
  protected:

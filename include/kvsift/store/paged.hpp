@@ -4,6 +4,8 @@
 #include <kvsift/store/basic.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,12 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
       : base(shape, requests, "store::paged"), page_size_(page_size), total_pages_(total_pages) {
     require(page_size > 0, "store::paged", "page_size", page_size, "> 0");
     require(total_pages > 0, "store::paged", "total_pages", total_pages, "> 0");
+    // slots and capacities are int: the pool's slot count must fit one (checked before allocating)
+    require(static_cast<std::int64_t>(total_pages) * page_size <= std::numeric_limits<int>::max(),
+            "store::paged", "total_pages", total_pages, [&] {
+              return "<= " + std::to_string(std::numeric_limits<int>::max() / page_size) +
+                     " pages of " + std::to_string(page_size) + " (slot numbers are int)";
+            });
     require((keys == nullptr) == (values == nullptr), "store::paged", "keys/values",
             keys == nullptr ? "null keys" : "null values", "both engine pools or neither");
     const std::size_t n = static_cast<std::size_t>(total_pages) * page_size * shape.head_dim;
