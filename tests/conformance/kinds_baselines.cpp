@@ -338,7 +338,7 @@ const kc::registrar score_quest_pages{
       const int request = 0;
       kvsift::score_input<store_t> in{&st, 0, kvsift::lifecycle_event::decode_step,
                                       {&request, 1}, {&qv, 1}, {&qpos, 1}, {}};
-      const kvsift::score::page_minmax sc{{.page_size = ps, .gqa = kvsift::gqa_reduce::max}};
+      kvsift::score::page_minmax sc{{.page_size = ps, .gqa = kvsift::gqa_reduce::max}};
       kvsift::score_sets per_q, per_kv;
       sc.score_per_query_head(in, per_q);
       sc.score(in, per_kv);
@@ -362,7 +362,7 @@ const kc::registrar method_quest_select{
         const int request = 0;
         kvsift::score_input<store_t> in{&st, layer, kvsift::lifecycle_event::decode_step,
                                         {&request, 1}, {&qv, 1}, {&qpos, 1}, {}};
-        const kvsift::score::page_minmax sc{{.page_size = ps, .gqa = kvsift::gqa_reduce::max}};
+        kvsift::score::page_minmax sc{{.page_size = ps, .gqa = kvsift::gqa_reduce::max}};
         kvsift::score_sets scores;
         sc.score_per_query_head(in, scores);
         const kvsift::select::page_topk sel{{.page_size = ps, .min_pages = 3}};
