@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvsift-conformance DIR [--kinds K1,K2,...] [--ids ID1,ID2,...] | --list-kinds
-// Runs the selected cases of DIR/INDEX.json through the registered handlers (SPEC §4).
+// Runs the selected cases of DIR/INDEX.json through the registered handlers (SPEC §4). DIR is any
+// directory of cases: ctest passes the in-tree copy tests/conformance/vectors/cases (CMake cache
+// variable KVSIFT_CONFORMANCE_DIR), ../shared/conformance/cases works as well.
 
 #include "runner.hpp"
 
@@ -322,7 +324,8 @@ std::set<std::string> split_list(const std::string& s) {
 
 int usage() {
   std::cerr << "usage: kvsift-conformance DIR [--kinds K1,K2,...] [--ids ID1,ID2,...]\n"
-               "       kvsift-conformance --list-kinds\n";
+               "       kvsift-conformance --list-kinds\n"
+               "  DIR: a directory of cases, e.g. tests/conformance/vectors/cases\n";
   return 2;
 }
 
