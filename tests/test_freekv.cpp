@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvsift::freekv (FreeKV over store::tiered + transfer::async): laws of the decode lifecycle.
 
+#include <kvsift/method/any_method.hpp>
 #include <kvsift/method/freekv.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -348,4 +350,40 @@ TEST_CASE("freekv: prefill with the prompt's last query places the budget's page
     // with the placement nothing is missing at step 1: no bytes move
     CHECK((m.stats().bytes_transferred == 0) == with_queries);
   }
+}
+
+TEST_CASE("freekv: freekv_params scales sink and window; the registry builds it over store::tiered",
+          "[freekv]") {
+  const auto paper = kvsift::freekv_params<float>(2048);
+  CHECK(paper.budget == 2048);
+  CHECK(paper.sink == 512);
+  CHECK(paper.window == 512);
+  const auto small = kvsift::freekv_params<float>(130, 16);  // 130 -> 8 pages, S = W = 2 pages
+  CHECK(small.budget == 128);
+  CHECK(small.sink == 32);
+  CHECK(small.window == 32);
+  CHECK(kvsift::freekv_params<float>(10, 16).budget == 32);  // at least sink + window
+
+  const model_shape sh{4, 4, 2, 8};
+  kvsift::method_config c;
+  c.shape = sh;
+  c.capacity = 600;
+  c.prompt_len = 500;
+  c.budget = 125;
+  const auto& reg = kvsift::default_method_registry<float>();
+  // a resident share of 0.5 with one dense layer of four: the sparse layers aim at 1/3
+  const auto tuned = reg.for_resident_fraction("freekv", c, 0.5);
+  REQUIRE(tuned.has_value());
+  CHECK(tuned->budget % 16 == 0);
+  CHECK(std::abs(tuned->budget - 16 + 500 % 16 - 500.0 / 3) <= 8);
+  auto m = reg.make("freekv", *tuned);
+  REQUIRE(m->name() == "freekv");
+  const script sc(sh, 500, 2, 61);
+  for (int l = 0; l < sh.layers; ++l) {
+    const auto chunk = sc.prompt(0, l);
+    m->prefill(l, std::span<const kvsift::prefill_chunk<float>>(&chunk, 1));
+  }
+  const auto tok = sc.token(0, 3, 0);
+  const auto& plan = m->decode(3, std::span<const kvsift::decode_token<float>>(&tok, 1));
+  CHECK(static_cast<int>(plan.pages[0].size()) == tuned->budget / 16);
 }
