@@ -25,6 +25,7 @@
 #include "engine/kvsift_cache.hpp"
 #include "engine/llama.hpp"
 
+#include <kvsift/calibrate/roles_file.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/method/any_method.hpp>
 
@@ -40,6 +41,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -109,7 +111,12 @@ struct config {
   std::vector<double> read;      // per prompt: KV tokens attention read / a full cache's
   std::vector<int> budget_tokens;
   std::vector<std::vector<int>> layer_budgets;  // per prompt: the last budget of each layer
+  std::vector<double> recalled;  // per prompt: bytes the method's transfer moved (host -> device)
+  std::vector<double> stalls;    // per prompt: decode steps that waited for a transfer
   std::string error;  // set when the method could not run (e.g. budget below its window)
+  // The registry the cache looks its name up in (the default one plus this model's head roles);
+  // shared so it outlives the cache's factory.
+  std::shared_ptr<const method_registry<float>> registry;
 };
 
 // Greedy decoding of one prompt through `cache`, from a captured prefill: the same calls and
@@ -262,8 +269,10 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
               "read", "passkey", "chain", "hops", "tok/s", "prefill s");
   for (const auto& c : configs) {
     if (!c.error.empty()) {
-      std::printf("%-14s %6s  not run: %s\n", c.method.c_str(), budget_label(c.budget).c_str(),
-                  c.error.c_str());
+      // "infeasible: ..." (a resident target the method's roles cannot meet) stays as it is
+      const bool infeasible = c.error.rfind("infeasible: ", 0) == 0;
+      std::printf("%-14s %6s  %s%s\n", c.method.c_str(), budget_label(c.budget).c_str(),
+                  infeasible ? "" : "not run: ", c.error.c_str());
       continue;
     }
     const auto pk = numbers(c, "passkey", 0);
@@ -280,6 +289,21 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
                 pct(mean(c.read), true).c_str(), pct(pk.exact, pk.n > 0).c_str(),
                 pct(ch.exact, ch.n > 0).c_str(), pct(ch.hops, ch.n > 0).c_str(),
                 tokens_per_second(c), mean_prefill(c));
+  }
+  // the tiered methods' traffic: what they recalled from the host pool and the steps that waited
+  bool any_transfer = false;
+  for (const auto& c : configs) any_transfer = any_transfer || (c.error.empty() && mean(c.recalled) > 0);
+  if (any_transfer) {
+    std::printf("\n%-14s %6s %14s %14s %10s\n", "method", "budget", "params", "recalled KiB",
+                "stalls");
+    for (const auto& c : configs) {
+      if (!c.error.empty() || (mean(c.recalled) == 0 && mean(c.stalls) == 0)) continue;
+      std::printf("%-14s %6s %14s %14.1f %10.2f\n", c.method.c_str(),
+                  budget_label(c.budget).c_str(), c.notes.empty() ? "" : c.notes.front().c_str(),
+                  mean(c.recalled) / 1024.0, mean(c.stalls));
+    }
+    std::printf("(per prompt, mean: bytes the method's transfer moved host -> device; decode\n"
+                "steps that waited for a recall; methods that moved nothing are not listed)\n");
   }
   if (contexts.size() < 2) return;
   std::printf("\nby context length (bytes of prompt + answer):\n");
@@ -381,6 +405,7 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
                         {"answer", x.answer},   {"output", x.output},
                         {"exact", x.exact},     {"resident_kv", c.resident[i]},
                         {"resident_kv_end", c.resident_end[i]}, {"params", c.notes[i]},
+                        {"bytes_recalled", c.recalled[i]}, {"stalls", c.stalls[i]},
                         {"prefill_s", x.prefill_seconds}, {"decode_s", x.decode_seconds}};
       if (x.task == "chain") it["hops_right"] = x.hops_right;
       r["items"].push_back(it);
@@ -544,6 +569,68 @@ struct run_options {
   std::string kernel_name;
 };
 
+// The head-roles file of `method` ("synckv" / "heterocache") for a model: --roles FILE when that
+// file is for this method, else the model's shipped <dir>/roles-<method>.json when it exists;
+// "" when neither (the method then reports that it has no roles).
+std::string roles_path(const std::string& model_dir, const std::string& roles_file,
+                       const std::string& method) {
+  if (!roles_file.empty()) {
+    std::ifstream in(roles_file);
+    const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("method", "") == method) return roles_file;
+  }
+  const auto shipped = std::filesystem::path(model_dir) / ("roles-" + method + ".json");
+  return std::filesystem::exists(shipped) ? shipped.string() : std::string();
+}
+
+// The default registry with SyncKV's and HeteroCache's entries given this model's head roles
+// (read and checked against the model here: the library's factories take them JSON-free).
+template <class ModelConfig>
+std::shared_ptr<const method_registry<float>> registry_with_roles(const std::string& model_dir,
+                                                                  const run_options& o,
+                                                                  const ModelConfig& cfg) {
+  const calibrate::model_fingerprint fp{.layers = cfg.num_layers, .q_heads = cfg.num_q_heads,
+                                        .kv_heads = cfg.num_kv_heads, .head_dim = cfg.head_dim,
+                                        .config_hash = ""};
+  std::vector<select::cluster_roles> sync;
+  std::vector<method_config::heterocache_layer> hetero;
+  const bool wants_sync =
+      std::find(o.methods.begin(), o.methods.end(), "synckv") != o.methods.end();
+  const bool wants_hetero =
+      std::find(o.methods.begin(), o.methods.end(), "heterocache") != o.methods.end();
+  if (wants_sync) {
+    if (const auto p = roles_path(model_dir, o.roles_file, "synckv"); !p.empty()) {
+      sync = synckv_roles_of(calibrate::read_synckv_roles(p, fp));
+    }
+  }
+  if (wants_hetero) {
+    if (const auto p = roles_path(model_dir, o.roles_file, "heterocache"); !p.empty()) {
+      hetero = heterocache_roles_of(calibrate::read_heterocache_roles(p, fp));
+    }
+  }
+  auto r = std::make_shared<method_registry<float>>();
+  for (auto e : builtin_method_entries<float>()) {
+    if (e.name == "synckv" || e.name == "heterocache") {
+      const bool is_sync = e.name == "synckv";
+      auto fill = [sync, hetero, is_sync](method_config& c) {
+        if (is_sync) c.synckv_roles = sync;
+        else c.heterocache_roles = hetero;
+      };
+      e.make = [make = e.make, fill](const method_config& c0) {
+        method_config c = c0;
+        fill(c);
+        return make(c);
+      };
+      e.for_resident_fraction = [hook = e.for_resident_fraction, fill](method_config c, double f) {
+        fill(c);
+        return hook(std::move(c), f);
+      };
+    }
+    r->add(std::move(e));
+  }
+  return r;
+}
+
 // Runs one job; prints its tables (or returns its JSON) and fills `configs` (for the plot).
 nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool print_header,
                        std::vector<config>& configs) {
@@ -567,14 +654,16 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
   const std::vector<int> contexts(context_set.begin(), context_set.end());
 
   configs.clear();
+  const auto registry = registry_with_roles(jb.model_dir, o, model.config());
   for (const auto& m : o.methods) {
     for (double b : o.budgets) {
       config c;
       c.method = m;
       c.budget = b;
+      c.registry = registry;
       c.cache = std::make_unique<ex::kvsift_cache>(  // throws for an unknown name
           m, b, ex::cache_options{.keep_fraction = std::nullopt, .roles_file = o.roles_file,
-                                 .match_resident = o.match_resident, .registry = nullptr});
+                                 .match_resident = o.match_resident, .registry = registry.get()});
       c.cache->set_attention_kernel(o.kernel);
       configs.push_back(std::move(c));
     }
@@ -617,6 +706,8 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
           c.budget_tokens.push_back(c.cache->budget_tokens());
           c.layer_budgets.push_back(c.cache->stats().layer_budgets);
           c.notes.push_back(c.cache->parameter_note());
+          c.recalled.push_back(static_cast<double>(c.cache->stats().bytes_transferred));
+          c.stalls.push_back(static_cast<double>(c.cache->stats().stalls));
         } catch (const kvsift::error& e) {
           c.error = e.what();
           if (c.results.size() > c.resident.size()) c.results.pop_back();
@@ -662,7 +753,10 @@ int eval(const std::vector<std::string>& args) {
         "  parameter set for it (full_kv and quest keep the whole prompt resident by design);\n"
         "  --match budget: the budget is the fraction of the prompt kept per KV head\n"
         "  (floor(b * n) tokens; LagKV keeps that share of each partition). --roles FILE: a\n"
-        "  head-roles file handed to the methods that take one. --kernel engine: the engine's\n"
+        "  head-roles file (kvsift calibrate) for SyncKV or HeteroCache, whichever its \"method\"\n"
+        "  names; otherwise each takes the model's roles-synckv.json / roles-heterocache.json\n"
+        "  when it has one (a resident target its roles cannot meet shows as infeasible).\n"
+        "  --kernel engine: the engine's\n"
         "  attend_decode over each plan instead of the library's attention.");
     return 0;
   }

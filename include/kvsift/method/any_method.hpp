@@ -21,12 +21,15 @@
 #include <kvsift/method/baselines.hpp>
 #include <kvsift/method/dynamickv.hpp>
 #include <kvsift/method/freekv.hpp>
+#include <kvsift/method/heterocache.hpp>
 #include <kvsift/method/lagkv.hpp>
 #include <kvsift/method/method.hpp>
+#include <kvsift/method/synckv.hpp>
 #include <kvsift/store/dense.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -171,8 +174,18 @@ std::unique_ptr<any_method<Store>> make_method(std::string_view name, Store& sto
 // What a registry factory builds a method from. `budget` is in tokens per head-sequence (for the
 // methods with a token budget); `options` carries method-specific knobs by name (LagKV:
 // "keep_fraction", "lag", "sink"; SyncKV: "memory_fraction", ...), unset ones take the paper's
-// defaults; `roles_file` is a head-roles file (calibration) for the methods that need one.
+// defaults; `roles_file` is a head-roles file (calibration) for the methods that need one, and
+// synckv_roles / heterocache_roles are its contents, read by the caller (this header does not
+// parse JSON: calibrate/roles_file.hpp's read_synckv_roles / read_heterocache_roles do, and
+// synckv_roles_of / heterocache_roles_of convert).
 struct method_config {
+  // One layer of HeteroCache roles (heterocache<T>::layer_roles, element-type free).
+  struct heterocache_layer {
+    std::vector<calibrate::head_role> roles;  // [kv_heads]
+    std::vector<std::int32_t> leader;         // [kv_heads]
+    std::vector<float> stability;             // [kv_heads]
+  };
+
   model_shape shape;
   int requests = 1;
   int capacity = 0;    // tokens per head-sequence the store must hold (prompt + decode)
@@ -180,6 +193,8 @@ struct method_config {
   int budget = 0;
   std::map<std::string, double> options;
   std::string roles_file;
+  std::vector<select::cluster_roles> synckv_roles;    // [layers] SyncKV clusters; empty: none
+  std::vector<heterocache_layer> heterocache_roles;  // [layers] HeteroCache roles; empty: none
   std::string note;  // what a resident-fraction hook set, for tables ("B=126", "lag 16, keep 3")
 
   [[nodiscard]] double option(const std::string& key, double fallback) const {
@@ -276,7 +291,67 @@ inline method_config budget_for_fraction(method_config c, double fraction) {
   return c;
 }
 
+inline std::string short_number(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", x);
+  return b;
+}
+
+// Runs `check` (a can_implement); a kvsift::error it throws comes back as one whose message
+// starts with "infeasible: " (the parameters a resident fraction asks for cannot be met with
+// these roles), so a table can say so and go on.
+template <class F>
+void check_feasible(std::string_view method, F&& check) {
+  try {
+    check();
+  } catch (const error& e) {
+    throw error("infeasible: " + std::string(method) + " at this resident fraction: " + e.what());
+  }
+}
+
+template <Element T>
+typename synckv<T>::params synckv_params_of(const method_config& c) {
+  require(!c.synckv_roles.empty(), "method_registry: synckv", "synckv_roles", "none",
+          "head roles (a SyncKV head-roles file, kvsift calibrate --method synckv)");
+  typename synckv<T>::params p;
+  p.clusters = c.synckv_roles.front().clusters();
+  p.stride = static_cast<int>(c.option("stride", p.stride));
+  p.rho = c.option("static_share", p.rho);
+  p.memory_fraction = c.option("memory_fraction", p.memory_fraction);
+  p.roles = c.synckv_roles;
+  return p;
+}
+
+template <Element T>
+typename heterocache<T>::params heterocache_params_of(const method_config& c) {
+  require(!c.heterocache_roles.empty(), "method_registry: heterocache", "heterocache_roles",
+          "none", "head roles (a HeteroCache head-roles file, kvsift calibrate --method heterocache)");
+  typename heterocache<T>::params p;
+  p.tau_drift = c.option("tau_drift", p.tau_drift);
+  p.drift_window = static_cast<int>(c.option("drift_window", p.drift_window));
+  p.rho = c.option("rho", p.rho);
+  p.kernel = static_cast<int>(c.option("kernel", p.kernel));
+  struct file_view {
+    const std::vector<method_config::heterocache_layer>& layers;
+  };
+  p.roles = heterocache<T>::roles_from(file_view{c.heterocache_roles});
+  return p;
+}
+
 }  // namespace detail
+
+// HeteroCache roles for method_config::heterocache_roles from a roles file
+// (calibrate::heterocache_roles, or any type whose layers[l] has roles, leader, stability).
+template <class Roles>
+std::vector<method_config::heterocache_layer> heterocache_roles_of(const Roles& file) {
+  std::vector<method_config::heterocache_layer> out;
+  for (const auto& l : file.layers) {
+    out.push_back({std::vector<calibrate::head_role>(l.roles.begin(), l.roles.end()),
+                   std::vector<std::int32_t>(l.leader.begin(), l.leader.end()),
+                   std::vector<float>(l.stability.begin(), l.stability.end())});
+  }
+  return out;
+}
 
 // THE registration point: one entry per named method, in the order tables list them. A method
 // over another store (store::tiered for SyncKV, HeteroCache, FreeKV) builds its own store in
@@ -362,8 +437,40 @@ std::vector<method_entry<T>> builtin_method_entries() {
                  c.note = "B=" + std::to_string(c.budget);
                  return c;
                }});
+  // SyncKV over store::tiered (it builds its own; rows move singly): paper defaults N_r = 2,
+  // m = 5, static share 0.5 (option "static_share"), M = 0.3 (option "memory_fraction"); roles
+  // from c.synckv_roles (their cluster count is N_r). --match resident sets M: the resident KV
+  // after the prompt is N_R n + (N - N_R) k <= M N n; M < N_R / N is infeasible.
+  e.push_back({"synckv", [](const method_config& c) {
+                 auto st = std::make_unique<store::tiered<T>>(c.shape, c.requests, c.capacity);
+                 return std::make_unique<erased_method<synckv<T>>>(
+                     "synckv", std::move(st), detail::synckv_params_of<T>(c));
+               },
+               [](method_config c, double fraction) {
+                 c.options["memory_fraction"] = fraction;
+                 const auto p = detail::synckv_params_of<T>(c);  // no roles: an error, not infeasible
+                 detail::check_feasible("synckv", [&] { synckv<T>::can_implement(c.shape, p); });
+                 c.note = "M=" + detail::short_number(fraction);
+                 return c;
+               }});
+  // HeteroCache over store::tiered (it builds its own): METHODS.md defaults (tau_drift 0.5, W = 5,
+  // kernel 5, rho 0.5: option "rho"); roles from c.heterocache_roles. --match resident sets
+  // rho: the resident KV after the prompt is F n + sum(cap) <= rho N n; rho < F / N (F volatile
+  // + pivot heads) is infeasible.
+  e.push_back({"heterocache", [](const method_config& c) {
+                 auto st = std::make_unique<store::tiered<T>>(c.shape, c.requests, c.capacity);
+                 return std::make_unique<erased_method<heterocache<T>>>(
+                     "heterocache", std::move(st), detail::heterocache_params_of<T>(c));
+               },
+               [](method_config c, double fraction) {
+                 c.options["rho"] = fraction;
+                 const auto p = detail::heterocache_params_of<T>(c);  // no roles: an error, not infeasible
+                 detail::check_feasible("heterocache", [&] { heterocache<T>::can_implement(c.shape, p); });
+                 c.note = "rho=" + detail::short_number(fraction);
+                 return c;
+               }});
   // Register new methods here, e.g.
-  //   e.push_back({"synckv", [](const method_config& c) { ... store::tiered<T> ... }, hook});
+  //   e.push_back({"name", [](const method_config& c) { ... store::tiered<T> ... }, hook});
   return e;
 }
 
