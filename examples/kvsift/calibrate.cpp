@@ -108,6 +108,19 @@ void profile_prompt(const std::string& method, const prompt_trace& tr, accumulat
   ++acc.prompts;
 }
 
+// A threshold in [0, 1].
+double real_option(const std::string& cmd, const std::string& name, const std::string& s) {
+  std::size_t used = 0;
+  double v = -1.0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  require(used == s.size() && v >= 0.0 && v <= 1.0, cmd, name, s, "a number in [0, 1]");
+  return v;
+}
+
 std::string join(const std::vector<int>& v) {
   std::string s;
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -219,8 +232,8 @@ int calibrate_heads(const std::vector<std::string>& args) {
   sp.clusters = int_option(cmd, "--clusters", option(args, "--clusters", "2"));
   sp.topk = int_option(cmd, "--topk", option(args, "--topk", "0"));
   cal::heterocache_profile_params hp;
-  hp.tau_sim = std::stod(option(args, "--tau-sim", "0.5"));
-  hp.tau_stable = std::stod(option(args, "--tau-stable", "0.5"));
+  hp.tau_sim = real_option(cmd, "--tau-sim", option(args, "--tau-sim", "0.5"));
+  hp.tau_stable = real_option(cmd, "--tau-stable", option(args, "--tau-stable", "0.5"));
   require(sp.clusters >= 1, cmd, "--clusters", sp.clusters, ">= 1");
   require(method != "heterocache" || steps >= 1 || !traces.empty(), cmd, "--steps", steps,
           ">= 1 (stability needs decode steps)");
@@ -285,7 +298,7 @@ int calibrate_heads(const std::vector<std::string>& args) {
        traces.empty() ? std::filesystem::path(prompts_arg).filename().string() : std::string()},
       {"traces_file",
        traces.empty() ? std::string() : std::filesystem::path(traces).filename().string()},
-      {"decode_steps", steps},
+      {"decode_steps", traces.empty() ? steps : max_steps},  // asked for (--steps), or traced
       {"decode_steps_range", {min_steps, max_steps}},
       {"combine", "mean over prompts of the per-prompt matrices"}};
   if (method == "synckv") {
