@@ -246,6 +246,7 @@ class freekv {
       }
     }
     fill_positions(layer);
+    store_->debug_verify();
     return plan_;
   }
   const attention_plan& decode(int layer, const decode_token<T>& token) {

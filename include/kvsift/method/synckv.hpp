@@ -253,6 +253,7 @@ class synckv {
       std::iota(slots.begin(), slots.end(), 0);
       for (std::size_t i = 0; i < slots.size(); ++i) pos[i] = store_->position(seq, slots[i]);
     }
+    store_->debug_verify();
     return plan_;
   }
   const attention_plan& decode(int layer, const decode_token<T>& token) {

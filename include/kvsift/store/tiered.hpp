@@ -336,6 +336,14 @@ class tiered {
     }
   }
 
+  // verify(), when built with -DKVSIFT_CHECK_INVARIANTS (the sanitizer preset is); nothing
+  // otherwise. The dynamic methods call it at the end of every decode().
+  void debug_verify() const {
+#ifdef KVSIFT_CHECK_INVARIANTS
+    verify();
+#endif
+  }
+
   void check_request_layer(std::string_view where, int request, int layer) const {
     require(request >= 0 && request < requests_, where, "request", request,
             "in [0, " + std::to_string(requests_) + ")");
