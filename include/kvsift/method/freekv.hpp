@@ -459,12 +459,23 @@ class freekv {
       any_spec = any_spec || !now[h];
     }
     std::vector<std::vector<std::int32_t>> pages(static_cast<std::size_t>(sh.kv_heads));
+    // A background recall that failed (transfer::fault, an allocation failure) is not installed:
+    // its heads fall back to the synchronous path below, so the step never throws after its
+    // token was appended and never reads a partial row (tests/test_transfer_faults.cpp).
+    store::landing<T> none;
+    none.dim = d;
+    const store::landing<T>* landed = &none;
+    if (any_spec && pd.ticket) {
+      try {
+        landed = &transfer_.wait(*pd.ticket);
+      } catch (const error&) {
+        for (int h = 0; h < sh.kv_heads; ++h) now[h] = 1;
+        any_now = true;
+        any_spec = false;
+      }
+    }
     // speculative heads: the selection made after step t-1, its background recall installed
     if (any_spec) {
-      store::landing<T> none;
-      none.dim = d;
-      const store::landing<T>* landed = &none;
-      if (pd.ticket) landed = &transfer_.wait(*pd.ticket);
       for (int h = 0; h < sh.kv_heads; ++h) {
         if (now[h]) continue;
         pages[h] = pd.pages[h];

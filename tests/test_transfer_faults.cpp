@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// Faults in transfer, per method that recalls (issue 18): SyncKV, HeteroCache and FreeKV each
+// drive a small decode until a recall is submitted, with transfer::async told to fail it
+// (fault::copy_fails: the worker stops half way; fault::submit_fails: submit() throws). The step
+// that needs the recall throws kvsift::error naming the injected fault, the tiered store's
+// verify() passes (both tiers consistent, no partial row installed), and the following steps
+// still work (FreeKV, which appends before it settles, falls back to its synchronous recall
+// instead of throwing): valid plans (ascending positions, each resident) that contain the new token.
+
+#include <kvsift/method/freekv.hpp>
+#include <kvsift/method/heterocache.hpp>
+#include <kvsift/method/synckv.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Catch::Matchers::ContainsSubstring;
+using kvsift::model_shape;
+using kvsift::transfer::fault;
+using store_t = kvsift::store::tiered<float>;
+using view = kvsift::kv_view<const float, kvsift::nhd>;
+
+// One request's prompt and decode tokens, [layers][tokens, heads, d].
+struct script {
+  model_shape sh;
+  int n = 0, steps = 0;
+  std::vector<std::vector<float>> k, v, q;
+  script(model_shape s, int prompt, int t, unsigned seed) : sh(s), n(prompt), steps(t) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int l = 0; l < sh.layers; ++l) {
+      k.emplace_back(static_cast<std::size_t>(n + t) * sh.kv_heads * sh.head_dim);
+      v.emplace_back(k.back().size());
+      q.emplace_back(static_cast<std::size_t>(n + t) * sh.q_heads * sh.head_dim);
+      for (auto& e : k.back()) e = 2.0f * nd(rng);
+      for (auto& e : v.back()) e = nd(rng);
+      for (auto& e : q.back()) e = 2.0f * nd(rng);
+    }
+  }
+  [[nodiscard]] kvsift::prefill_chunk<float> prompt(int layer) const {
+    return {.request = 0,
+            .keys = view::contiguous(k[layer].data(), n, sh.kv_heads, sh.head_dim),
+            .values = view::contiguous(v[layer].data(), n, sh.kv_heads, sh.head_dim),
+            .queries = view::contiguous(q[layer].data() + static_cast<std::size_t>(n - 1) * sh.q_heads * sh.head_dim,
+                                        1, sh.q_heads, sh.head_dim),
+            .first_position = 0,
+            .last = true};
+  }
+  // Decode step t (1..steps): the token at position n + t - 1.
+  [[nodiscard]] kvsift::decode_token<float> token(int layer, int t) const {
+    const std::size_t pos = static_cast<std::size_t>(n + t - 1);
+    return {0, q[layer].data() + pos * sh.q_heads * sh.head_dim,
+            k[layer].data() + pos * sh.kv_heads * sh.head_dim,
+            v[layer].data() + pos * sh.kv_heads * sh.head_dim};
+  }
+};
+
+// The plan of request 0 on `layer` is valid: per KV head, ascending positions that are resident
+// and include the token just appended.
+void check_plan(const store_t& st, const kvsift::attention_plan& plan, int layer) {
+  const auto& sh = st.shape();
+  REQUIRE(plan.requests == std::vector<int>{0});
+  REQUIRE(plan.positions.segments() == sh.kv_heads);
+  const std::int32_t newest = st.next_position(0, layer) - 1;
+  for (int h = 0; h < sh.kv_heads; ++h) {
+    CAPTURE(layer, h);
+    const auto p = plan.positions[h];
+    REQUIRE(std::adjacent_find(p.begin(), p.end(), std::greater_equal<>()) == p.end());
+    REQUIRE(std::find(p.begin(), p.end(), newest) != p.end());
+    for (const auto pos : p) REQUIRE(st.resident(sh.sequence(0, layer, h), pos));
+  }
+}
+
+// One full step t on every layer; checks each plan and the store.
+template <class Method>
+void step(Method& m, store_t& st, const script& sc, int t) {
+  for (int l = 0; l < sc.sh.layers; ++l) {
+    const auto tok = sc.token(l, t);
+    check_plan(st, m.decode(l, tok), l);
+    std::vector<float> out(static_cast<std::size_t>(sc.sh.q_heads) * sc.sh.head_dim);
+    m.attend(l, std::span(&tok, 1), out.data());
+    for (const float x : out) REQUIRE(std::isfinite(x));
+    m.after_attention(l, tok);
+  }
+  REQUIRE_NOTHROW(st.verify());
+}
+
+// Drives `m` to step `fail_at`, whose after_attention submits a recall (asserted through the
+// transfer's counters) that fails as `f` says; the run then goes on to `sc.steps`. Returns how
+// many calls threw kvsift::error naming the fault.
+template <class Method>
+int run_with_fault(Method& m, store_t& st, const script& sc, int fail_at, fault f) {
+  for (int l = 0; l < sc.sh.layers; ++l) m.prefill(l, sc.prompt(l));
+  REQUIRE_NOTHROW(st.verify());
+  for (int t = 1; t < fail_at; ++t) step(m, st, sc, t);
+  auto& xfer = m.transfer_state();
+  int errors = 0;
+  // step fail_at: the first layer whose after_attention submits a recall gets the fault
+  bool injected = false;
+  for (int l = 0; l < sc.sh.layers; ++l) {
+    const auto tok = sc.token(l, fail_at);
+    check_plan(st, m.decode(l, tok), l);
+    const auto issued = xfer.stats().recalls_issued;
+    if (!injected) xfer.inject(f);
+    try {
+      m.after_attention(l, tok);
+    } catch (const kvsift::error& e) {
+      REQUIRE(f == fault::submit_fails);
+      CHECK_THAT(std::string(e.what()), ContainsSubstring("submit_fails"));
+      ++errors;
+      injected = true;
+    }
+    REQUIRE_NOTHROW(st.verify());
+    if (!injected && xfer.stats().recalls_issued > issued) injected = true;
+    xfer.inject(fault::none);  // a layer with nothing to recall leaves the fault to the next one
+  }
+  REQUIRE(injected);
+  // step fail_at + 1 needs the recall: the failed one throws before the token is appended, the
+  // store stays consistent, and a second decode of the same token works
+  const int t = fail_at + 1;
+  for (int l = 0; l < sc.sh.layers; ++l) {
+    const auto tok = sc.token(l, t);
+    const auto before = st.host_length(0, l);
+    try {
+      check_plan(st, m.decode(l, tok), l);
+    } catch (const kvsift::error& e) {
+      CHECK_THAT(std::string(e.what()), ContainsSubstring("copy_fails"));
+      ++errors;
+      REQUIRE_NOTHROW(st.verify());
+      REQUIRE(st.host_length(0, l) == before);  // thrown before the token was appended
+      check_plan(st, m.decode(l, tok), l);
+    }
+    REQUIRE_NOTHROW(st.verify());
+    std::vector<float> out(static_cast<std::size_t>(sc.sh.q_heads) * sc.sh.head_dim);
+    m.attend(l, std::span(&tok, 1), out.data());
+    m.after_attention(l, tok);
+  }
+  for (int s = t + 1; s <= sc.steps; ++s) step(m, st, sc, s);
+  REQUIRE(xfer.outstanding() <= static_cast<std::size_t>(sc.sh.layers));  // nothing leaked
+  return errors;
+}
+
+std::vector<kvsift::select::cluster_roles> synckv_roles() {
+  return {{{0, 0, 1, 1}, {0, 3}}, {{1, 0, 0, 1}, {2, 0}}};
+}
+
+kvsift::synckv<float>::params synckv_params() {
+  return {.clusters = 2, .stride = 5, .rho = 0.5, .memory_fraction = 0.75, .roles = synckv_roles()};
+}
+
+kvsift::heterocache<float>::params heterocache_params() {
+  using role = kvsift::calibrate::head_role;
+  kvsift::heterocache<float>::params p;
+  p.tau_drift = 2.0;  // every drift check drifts: a retrieval at steps 5, 10, ...
+  p.roles = {{{role::pivot, role::satellite, role::satellite, role::anchor}, {0, 0, 0, -1},
+              {0.9f, 0.7f, 0.4f, 0.8f}},
+             {{role::volatile_head, role::satellite, role::anchor, role::pivot}, {-1, 3, -1, 3},
+              {0.1f, 0.3f, 0.6f, 0.95f}}};
+  return p;
+}
+
+kvsift::freekv<float>::params freekv_params() {
+  return {.page_size = 8, .budget = 48, .sink = 8, .window = 16, .tau = -1.0, .dense_layers = 1};
+}
+
+}  // namespace
+
+TEST_CASE("faults: synckv survives a recall whose copy fails", "[faults][synckv]") {
+  const script sc(model_shape{2, 8, 4, 16}, 64, 12, 3);
+  store_t st(sc.sh, 1, sc.n + sc.steps);
+  kvsift::synckv<float> m(st, synckv_params());
+  CHECK(run_with_fault(m, st, sc, 5, fault::copy_fails) == 1);
+  CHECK(m.stats().refreshes >= 2);  // the anticipation at step 10 ran and installed
+}
+
+TEST_CASE("faults: synckv survives a recall whose submit fails", "[faults][synckv]") {
+  const script sc(model_shape{2, 8, 4, 16}, 64, 12, 4);
+  store_t st(sc.sh, 1, sc.n + sc.steps);
+  kvsift::synckv<float> m(st, synckv_params());
+  CHECK(run_with_fault(m, st, sc, 5, fault::submit_fails) == 1);
+}
+
+TEST_CASE("faults: heterocache survives a retrieval whose copy fails", "[faults][heterocache]") {
+  const script sc(model_shape{2, 8, 4, 16}, 80, 12, 5);
+  store_t st(sc.sh, 1, sc.n + sc.steps);
+  kvsift::heterocache<float> m(st, heterocache_params());
+  CHECK(run_with_fault(m, st, sc, 5, fault::copy_fails) == 1);
+}
+
+TEST_CASE("faults: heterocache survives a retrieval whose submit fails", "[faults][heterocache]") {
+  const script sc(model_shape{2, 8, 4, 16}, 80, 12, 6);
+  store_t st(sc.sh, 1, sc.n + sc.steps);
+  kvsift::heterocache<float> m(st, heterocache_params());
+  CHECK(run_with_fault(m, st, sc, 5, fault::submit_fails) == 1);
+}
+
+TEST_CASE("faults: freekv survives a speculative recall whose copy fails", "[faults][freekv]") {
+  const script sc(model_shape{3, 4, 2, 8}, 200, 10, 11);
+  store_t st(sc.sh, 1, sc.n + sc.steps, 8);
+  kvsift::freekv<float> m(st, freekv_params());
+  // FreeKV appends the token before it settles the speculative selection, so it does not throw:
+  // the failed recall is not installed and its heads take the synchronous path (the step's own
+  // selection, promoted on this thread), exactly as a corrected step does.
+  CHECK(run_with_fault(m, st, sc, 2, fault::copy_fails) == 0);
+  CHECK(m.transfer_state().outstanding() <= 2);
+}
+
+TEST_CASE("faults: freekv survives a speculative recall whose submit fails", "[faults][freekv]") {
+  const script sc(model_shape{3, 4, 2, 8}, 200, 10, 12);
+  store_t st(sc.sh, 1, sc.n + sc.steps, 8);
+  kvsift::freekv<float> m(st, freekv_params());
+  CHECK(run_with_fault(m, st, sc, 2, fault::submit_fails) == 1);
+}
