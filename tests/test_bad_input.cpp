@@ -4,6 +4,12 @@
 
 #include <kvsift/io/safetensors.hpp>
 #include <kvsift/kvsift.hpp>
+#include <kvsift/method/any_method.hpp>
+#include <kvsift/method/freekv.hpp>
+#include <kvsift/method/heterocache.hpp>
+#include <kvsift/method/synckv.hpp>
+#include <kvsift/store/tiered.hpp>
+#include <kvsift/transfer/async.hpp>
 
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
@@ -424,4 +430,132 @@ TEST_CASE("budgeters and io reject parameters that were never checked", "[bad_in
   REQUIRE_THROWS_WITH(b.validate("t"), ContainsSubstring("argument 'min_tokens'"));
   REQUIRE_THROWS_WITH(kvsift::io::shape_numel({std::int64_t{1} << 62, 4}),
                       ContainsSubstring("argument 'shape'"));
+}
+
+// ---- issue 18: the catalogue over the remaining public entry points -------------------------
+
+TEST_CASE("make_method: an unknown name lists the known ones", "[bad_input][method]") {
+  store_t s(kShape, 1, 8);
+  REQUIRE_REJECTS(s, kvsift::make_method("snapkvv", s, 16), "name");
+  REQUIRE_THROWS_WITH(kvsift::make_method("snapkvv", s, 16),
+                      ContainsSubstring("'name' = snapkvv") && ContainsSubstring("one of ") &&
+                          ContainsSubstring("snapkv"));
+}
+
+TEST_CASE("make_method: a budget out of range", "[bad_input][method]") {
+  store_t s(kShape, 1, 8);
+  REQUIRE_REJECTS(s, kvsift::make_method("h2o", s, 0), "budget");
+  REQUIRE_THROWS_WITH(kvsift::make_method("h2o", s, -4),
+                      ContainsSubstring("'budget' = -4") && ContainsSubstring("> 0 tokens"));
+}
+
+TEST_CASE("safetensors: a file shorter than its length field", "[bad_input][io]") {
+  std::vector<std::byte> buf(5, std::byte{0});
+  REQUIRE_THROWS_WITH(kvsift::io::safetensors_file::from_bytes(buf, "t"),
+                      ContainsSubstring("'file size' = 5") && ContainsSubstring("at least 8 bytes"));
+}
+
+TEST_CASE("safetensors: a header length past the end of the file", "[bad_input][io]") {
+  std::vector<std::byte> buf(16, std::byte{0});
+  buf[0] = std::byte{200};  // 200 header bytes announced, 8 present
+  REQUIRE_THROWS_WITH(kvsift::io::safetensors_file::from_bytes(buf, "t"),
+                      ContainsSubstring("'header length' = 200") && ContainsSubstring("at most the 8 bytes"));
+}
+
+namespace {
+kvsift::store::tiered<float> tiered_with_demoted() {
+  kvsift::store::tiered<float> t(kShape, 1, 16, 4);
+  const auto k = filled<float>(6 * 2 * 4, 0.5f);
+  t.append(0, 0, view<float>::contiguous(k.data(), 6, 2, 4), view<float>::contiguous(k.data(), 6, 2, 4), 0);
+  kvsift::index_sets kept;
+  kept.push_back(std::vector<std::int32_t>{0, 5});
+  kept.push_back(std::vector<std::int32_t>{1});
+  t.retain(0, 0, kept);
+  return t;
+}
+}  // namespace
+
+TEST_CASE("store::tiered.promote: a position not in the host pool", "[bad_input][tiered]") {
+  auto t = tiered_with_demoted();
+  const std::vector<std::int32_t> pos{0, 9};
+  REQUIRE_REJECTS(t, t.promote(0, pos), "positions[1]");
+  REQUIRE_THROWS_WITH(t.promote(0, pos), ContainsSubstring("= 9") && ContainsSubstring("in the host pool"));
+  REQUIRE_NOTHROW(t.verify());
+}
+
+TEST_CASE("store::tiered.promote: a head-sequence id that does not exist", "[bad_input][tiered]") {
+  auto t = tiered_with_demoted();
+  const std::vector<std::int32_t> pos{0};
+  REQUIRE_REJECTS(t, t.promote(99, pos), "seq");
+  REQUIRE_THROWS_WITH(t.promote(-1, pos), ContainsSubstring("'seq' = -1") && ContainsSubstring("in [0, "));
+}
+
+TEST_CASE("store::tiered.install: positions the landing does not hold", "[bad_input][tiered]") {
+  auto t = tiered_with_demoted();
+  kvsift::store::landing<float> empty;
+  empty.dim = 4;
+  const std::vector<std::int32_t> pos{0, 2, 5};  // 2 was demoted and is not in the landing
+  REQUIRE_REJECTS(t, t.install(0, pos, empty), "positions");
+  REQUIRE_THROWS_WITH(t.install(0, pos, empty),
+                      ContainsSubstring("= 2") && ContainsSubstring("resident or in the completed recall"));
+  empty.dim = 3;
+  REQUIRE_REJECTS(t, t.install(0, std::vector<std::int32_t>{0}, empty), "from.dim");
+}
+
+TEST_CASE("transfer::async.submit: ids not in the host pool, nothing queued", "[bad_input][tiered]") {
+  auto t = tiered_with_demoted();
+  kvsift::transfer::async<float> x;
+  REQUIRE_REJECTS(t, x.submit(t, {{0, {2, 40}}}), "what[0].positions[1]");
+  REQUIRE_THROWS_WITH(x.submit(t, {{0, {2, 40}}}),
+                      ContainsSubstring("= 40") && ContainsSubstring("host pool of head-sequence 0"));
+  REQUIRE_REJECTS(t, x.submit(t, {{0, {3, 2}}}), "what[0].positions[1]");
+  REQUIRE_REJECTS(t, x.submit(t, {{77, {0}}}), "what[0].seq");
+  REQUIRE(x.outstanding() == 0);
+  REQUIRE(x.stats().recalls_issued == 0);
+}
+
+TEST_CASE("store::tiered: page size and capacity out of range", "[bad_input][tiered]") {
+  REQUIRE_THROWS_WITH(kvsift::store::tiered<float>(kShape, 1, 16, 0),
+                      ContainsSubstring("'page_size' = 0") && ContainsSubstring("> 0"));
+  REQUIRE_THROWS_WITH(kvsift::store::tiered<float>(kShape, 1, -1),
+                      ContainsSubstring("'host_capacity' = -1"));
+}
+
+TEST_CASE("synckv: clusters out of range, roles for another model", "[bad_input][synckv]") {
+  kvsift::store::tiered<float> t(kShape, 1, 16);
+  kvsift::synckv<float>::params p{.clusters = 3, .roles = {{{0, 1}, {0, 1}}, {{0, 1}, {0, 1}}}};
+  REQUIRE_REJECTS(t, kvsift::synckv<float>(t, p), "clusters");
+  REQUIRE_THROWS_WITH(kvsift::synckv<float>(t, p), ContainsSubstring("'clusters' = 3") &&
+                                                       ContainsSubstring("kv_heads = 2"));
+  p.clusters = 2;
+  p.roles.pop_back();  // one layer of roles for a 2-layer model
+  REQUIRE_THROWS_WITH(kvsift::synckv<float>(t, p), ContainsSubstring("'roles.size' = 1"));
+  p.roles.push_back(p.roles.front());
+  p.stride = 0;
+  REQUIRE_THROWS_AS(kvsift::synckv<float>(t, p), kvsift::error);
+}
+
+TEST_CASE("heterocache: rho out of range", "[bad_input][heterocache]") {
+  using role = kvsift::calibrate::head_role;
+  kvsift::store::tiered<float> t(kShape, 1, 16);
+  kvsift::heterocache<float>::params p;
+  p.roles = {{{role::anchor, role::anchor}, {-1, -1}, {0.9f, 0.9f}},
+             {{role::anchor, role::anchor}, {-1, -1}, {0.9f, 0.9f}}};
+  p.rho = 1.5;
+  REQUIRE_REJECTS(t, kvsift::heterocache<float>(t, p), "rho");
+  REQUIRE_THROWS_WITH(kvsift::heterocache<float>(t, p), ContainsSubstring("'rho' = 1.5") &&
+                                                            ContainsSubstring("in [0, 1]"));
+  p.rho = 0.5;
+  p.roles.pop_back();
+  REQUIRE_THROWS_WITH(kvsift::heterocache<float>(t, p), ContainsSubstring("'roles.size' = 1"));
+}
+
+TEST_CASE("freekv: a page size that does not match the store, a budget of part pages",
+          "[bad_input][freekv]") {
+  kvsift::store::tiered<float> t(kShape, 1, 64, 8);
+  kvsift::freekv<float>::params p{.page_size = 8, .budget = 60, .sink = 8, .window = 16};
+  REQUIRE_REJECTS(t, kvsift::freekv<float>(t, p), "budget");
+  p = {.page_size = 16, .budget = 64, .sink = 16, .window = 16};
+  REQUIRE_REJECTS(t, kvsift::freekv<float>(t, p), "page_size");
+  REQUIRE_THROWS_WITH(kvsift::freekv<float>(t, p), ContainsSubstring("'page_size' = 16"));
 }
