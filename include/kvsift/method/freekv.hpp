@@ -41,6 +41,7 @@
 #include <kvsift/method/method.hpp>
 #include <kvsift/score/freekv_pages.hpp>
 #include <kvsift/select/freekv_pages.hpp>
+#include <kvsift/method/detail/tiered_lifecycle.hpp>
 #include <kvsift/store/tiered.hpp>
 #include <kvsift/transfer/async.hpp>
 #include <kvsift/trigger/query_cosine.hpp>
@@ -255,12 +256,7 @@ class freekv {
 
   // 3. Reference attention over the current plan: out [tokens.size(), q_heads, d].
   void attend(int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    const auto& sh = store_->shape();
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      attention::attend_plan(*store_, tokens[i].request, layer, tokens[i].query, plan_.slots,
-                             out + i * static_cast<std::size_t>(sh.q_heads) * sh.head_dim,
-                             static_cast<int>(i) * sh.kv_heads);
-    }
+    detail::attend_over_plan(*store_, layer, tokens, plan_, out);
   }
 
   // 4. Speculative retrieval: selects with q_t on step t+1's layout and submits the recall of

@@ -353,20 +353,7 @@ class heterocache {
       ++st.steps;
       plan_.requests.push_back(t.request);
     }
-    std::vector<int> sizes;
-    for (const int r : plan_.requests) {
-      for (int h = 0; h < sh.kv_heads; ++h) sizes.push_back(store_->length(sh.sequence(r, layer, h)));
-    }
-    plan_.slots.resize(sizes);
-    plan_.positions.resize(sizes);
-    plan_.pages.clear();
-    for (int s = 0; s < plan_.slots.segments(); ++s) {
-      const auto seq = sh.sequence(plan_.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
-      auto slots = plan_.slots[s];
-      auto pos = plan_.positions[s];
-      std::iota(slots.begin(), slots.end(), 0);
-      for (std::size_t i = 0; i < slots.size(); ++i) pos[i] = store_->position(seq, slots[i]);
-    }
+    detail::plan_whole_working_set(*store_, layer, plan_);
     store_->debug_verify();
     return plan_;
   }
@@ -376,12 +363,7 @@ class heterocache {
 
   // 3. The library's attention over the current plan: out [tokens.size(), q_heads, d].
   void attend(int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    const auto& sh = store_->shape();
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      attention::attend_plan(*store_, tokens[i].request, layer, tokens[i].query, plan_.slots,
-                             out + i * static_cast<std::size_t>(sh.q_heads) * sh.head_dim,
-                             static_cast<int>(i) * sh.kv_heads);
-    }
+    detail::attend_over_plan(*store_, layer, tokens, plan_, out);
   }
 
   // 4. At t = W, 2W, ...: the drift check of each pivot with satellites; a drift submits the

@@ -17,10 +17,14 @@
 // pending recall (reset of a request). Cost: one transfer per key per decision; O(resident) per
 // installed head-sequence.
 
+#include <kvsift/attention/reference.hpp>
+#include <kvsift/method/lifecycle.hpp>
 #include <kvsift/store/tiered.hpp>
 #include <kvsift/transfer/async.hpp>
 
 #include <algorithm>
+#include <numeric>
+#include <span>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -116,5 +120,38 @@ class pending_recalls {
   }
   std::vector<slot> slots_;
 };
+
+// The plan of a step that reads every resident token of each head-sequence of `plan.requests`
+// (SyncKV and HeteroCache: the working set is what each head reads), slots and positions.
+template <Element T>
+void plan_whole_working_set(const store::tiered<T>& st, int layer, attention_plan& plan) {
+  const auto& sh = st.shape();
+  std::vector<int> sizes;
+  for (const int r : plan.requests) {
+    for (int h = 0; h < sh.kv_heads; ++h) sizes.push_back(st.length(sh.sequence(r, layer, h)));
+  }
+  plan.slots.resize(sizes);
+  plan.positions.resize(sizes);
+  plan.pages.clear();
+  for (int s = 0; s < plan.slots.segments(); ++s) {
+    const auto seq = sh.sequence(plan.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
+    auto slots = plan.slots[s];
+    auto pos = plan.positions[s];
+    std::iota(slots.begin(), slots.end(), 0);
+    for (std::size_t i = 0; i < slots.size(); ++i) pos[i] = st.position(seq, slots[i]);
+  }
+}
+
+// The library's reference attention over a step's plan: out [tokens.size(), q_heads, d].
+template <Element T>
+void attend_over_plan(const store::tiered<T>& st, int layer, std::span<const decode_token<T>> tokens,
+                      const attention_plan& plan, float* out) {
+  const auto& sh = st.shape();
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    attention::attend_plan(st, tokens[i].request, layer, tokens[i].query, plan.slots,
+                           out + i * static_cast<std::size_t>(sh.q_heads) * sh.head_dim,
+                           static_cast<int>(i) * sh.kv_heads);
+  }
+}
 
 }  // namespace kvsift::detail
