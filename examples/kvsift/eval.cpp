@@ -13,7 +13,7 @@
 //
 //   kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]
 //               [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE] [--json]
-//               [--plot FILE.svg] [--limit N] [--kernel library|engine]
+//               [--plot FILE.svg] [--limit N] [--kernel library|engine] [--verbose]
 // Defaults: both shipped models, each on its own prompts (data/tiny-recall on
 // data/eval/{passkey,chain}.jsonl, data/recall-8kv on 12 prompts of each of
 // data/eval/recall-8kv/{passkey,chain}.jsonl), every method, budget 0.25 matched as the
@@ -99,6 +99,89 @@ class prefill_capture : public ex::kv_cache {
   std::vector<std::vector<float>> k, v, q;  // [layers][n * heads * d]
 };
 
+// Forwards to another cache and keeps each layer's attention output of the current decode step.
+class recording_cache : public ex::kv_cache {
+ public:
+  explicit recording_cache(ex::kv_cache& inner) : inner_(inner) {}
+  void start(const ex::cache_shape& s) override {
+    att.assign(static_cast<std::size_t>(s.num_layers), {});
+    inner_.start(s);
+  }
+  void prefill(int layer, int n, std::span<const float> k, std::span<const float> v,
+               std::span<const float> q) override {
+    inner_.prefill(layer, n, k, v, q);
+  }
+  void decode(int layer, std::span<const float> q, std::span<const float> k,
+              std::span<const float> v, int position, std::span<float> out) override {
+    inner_.decode(layer, q, k, v, position, out);
+    att[static_cast<std::size_t>(layer)].assign(out.begin(), out.end());
+  }
+  void after_attention(int layer, std::span<const float> q) override {
+    inner_.after_attention(layer, q);
+  }
+  [[nodiscard]] std::int64_t kept_tokens(int layer, int kv_head) const override {
+    return inner_.kept_tokens(layer, kv_head);
+  }
+  std::vector<std::vector<float>> att;  // [layers][q_heads * d] of the last decode step
+
+ private:
+  ex::kv_cache& inner_;
+};
+
+// The full-cache reference of a prompt: the engine's full_cache decoding greedily from the same
+// prefill. Per decode step s (input = answer byte s, logits of byte s + 1): its input token, each
+// layer's attention output and the logits.
+struct reference_run {
+  std::vector<int> tokens;                            // [n_new] greedy tokens (byte 0 = prefill's)
+  std::vector<std::vector<std::vector<float>>> att;   // [steps][layers][q_heads * d]
+  std::vector<std::vector<float>> logits;             // [steps][vocab]
+};
+
+// Fidelity of one prompt against its reference_run, on the decode steps whose input token and
+// history equal the reference's (the method's greedy tokens so far agree with the full cache's,
+// so both decode exactly the same sequence; step 0 always qualifies: byte 0 comes from the
+// prefill, which is the same for every method).
+struct fidelity {
+  std::vector<double> layer_err;  // [layers] relative L2 of attention output, mean over steps
+  double att_err = 0.0;           // mean over layers of layer_err
+  double kl_first = 0.0;          // KL(full || method) of the logits of answer byte 1 (step 0)
+  double kl_mean = 0.0;           // the same, mean over the compared steps
+  int steps = 0;                  // decode steps compared
+};
+
+double mean(const std::vector<double>& xs) {
+  double s = 0.0;
+  for (double x : xs) s += x;
+  return xs.empty() ? 0.0 : s / static_cast<double>(xs.size());
+}
+
+double rel_l2(const std::vector<float>& ref, const std::vector<float>& x) {
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < ref.size() && i < x.size(); ++i) {
+    const double d = static_cast<double>(x[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// KL(softmax(p) || softmax(q)) of two logit vectors, in nats.
+double kl_logits(const std::vector<float>& p, const std::vector<float>& q) {
+  const auto lse = [](const std::vector<float>& x) {
+    const double m = *std::max_element(x.begin(), x.end());
+    double s = 0.0;
+    for (float v : x) s += std::exp(v - m);
+    return m + std::log(s);
+  };
+  const double lp = lse(p), lq = lse(q);
+  double kl = 0.0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double a = p[i] - lp, b = q[i] - lq;
+    kl += std::exp(a) * (a - b);
+  }
+  return std::max(0.0, kl);
+}
+
 // One (method, budget) configuration and its results.
 struct config {
   std::string method;
@@ -113,6 +196,8 @@ struct config {
   std::vector<std::vector<int>> layer_budgets;  // per prompt: the last budget of each layer
   std::vector<double> recalled;  // per prompt: bytes the method's transfer moved (host -> device)
   std::vector<double> stalls;    // per prompt: decode steps that waited for a transfer
+  std::vector<fidelity> fid;     // per prompt: attention-output error and logit KL vs full
+  std::vector<std::vector<double>> layer_resident;  // per prompt: [layers] resident KV share
   std::string error;  // set when the method could not run (e.g. budget below its window)
   // The registry the cache looks its name up in (the default one plus this model's head roles);
   // shared so it outlives the cache's factory.
@@ -120,29 +205,75 @@ struct config {
 };
 
 // Greedy decoding of one prompt through `cache`, from a captured prefill: the same calls and
-// tokens as llama_model::generate_greedy.
+// tokens as llama_model::generate_greedy. With `ref`, fills `fid` (see fidelity) and, with
+// `record`, `ref` is filled instead (the full-cache reference itself). `layer_resident`, if
+// given, gets each layer's resident KV share right after the prompt (kept tokens of its KV heads
+// / the prompt's).
 ex::eval_result run_one(const ex::llama_model& model, const ex::eval_item& item,
                         const prefill_capture& cap, const std::vector<float>& prefill_logits,
-                        double forward_seconds, ex::kvsift_cache& cache) {
+                        double forward_seconds, ex::kv_cache& inner, reference_run* ref,
+                        bool record, fidelity* fid, std::vector<double>* layer_resident) {
   const int n = cap.shape.prompt_len;
   const int n_new = static_cast<int>(item.answer.size());
+  const int layers = cap.shape.num_layers;
+  recording_cache cache(inner);
   const auto t0 = clock_type::now();
   cache.start(cap.shape);
-  for (int l = 0; l < cap.shape.num_layers; ++l) {
+  for (int l = 0; l < layers; ++l) {
     const auto L = static_cast<std::size_t>(l);
     cache.prefill(l, n, cap.k[L], cap.v[L], cap.q[L]);
   }
   const double method_prefill = seconds_since(t0);
-  const auto t1 = clock_type::now();
+  if (layer_resident) {
+    layer_resident->assign(static_cast<std::size_t>(layers), 0.0);
+    for (int l = 0; l < layers; ++l) {
+      std::int64_t kept = 0;
+      for (int h = 0; h < cap.shape.num_kv_heads; ++h) kept += cache.kept_tokens(l, h);
+      (*layer_resident)[static_cast<std::size_t>(l)] =
+          static_cast<double>(kept) / (static_cast<double>(n) * cap.shape.num_kv_heads);
+    }
+  }
+  if (record && ref) *ref = reference_run{};
+  if (fid) {
+    *fid = fidelity{};
+    fid->layer_err.assign(static_cast<std::size_t>(layers), 0.0);
+  }
+  double decode_seconds = 0.0;
   std::vector<int> out;
   std::vector<float> logits = prefill_logits;
   int position = n;
+  bool agree = true;  // the tokens so far equal the reference's
   for (int s = 0; s < n_new; ++s) {
     const int next = ex::llama_model::argmax(logits);
     out.push_back(next);
-    if (s + 1 < n_new) logits = model.decode(next, position++, cache);
+    if (record && ref) ref->tokens.push_back(next);
+    if (s + 1 >= n_new) break;
+    const auto t1 = clock_type::now();
+    logits = model.decode(next, position++, cache);
+    decode_seconds += seconds_since(t1);
+    const auto S = static_cast<std::size_t>(s);
+    if (record && ref) {
+      ref->att.push_back(cache.att);
+      ref->logits.push_back(logits);
+    } else if (ref && fid) {
+      agree = agree && S < ref->tokens.size() && ref->tokens[S] == next;
+      if (agree && S < ref->att.size()) {
+        for (int l = 0; l < layers; ++l) {
+          const auto L = static_cast<std::size_t>(l);
+          fid->layer_err[L] += rel_l2(ref->att[S][L], cache.att[L]);
+        }
+        const double kl = kl_logits(ref->logits[S], logits);
+        if (s == 0) fid->kl_first = kl;
+        fid->kl_mean += kl;
+        ++fid->steps;
+      }
+    }
   }
-  const double decode_seconds = seconds_since(t1);
+  if (fid && fid->steps > 0) {
+    for (auto& e : fid->layer_err) e /= fid->steps;
+    fid->kl_mean /= fid->steps;
+    fid->att_err = mean(fid->layer_err);
+  }
 
   ex::eval_result r;
   r.id = item.id;
@@ -217,12 +348,6 @@ task_numbers numbers(const config& c, const std::string& task, int context) {
   return t;
 }
 
-double mean(const std::vector<double>& xs) {
-  double s = 0.0;
-  for (double x : xs) s += x;
-  return xs.empty() ? 0.0 : s / static_cast<double>(xs.size());
-}
-
 double tokens_per_second(const config& c) {
   double s = 0.0;
   long steps = 0;
@@ -239,6 +364,35 @@ double mean_prefill(const config& c) {
   return c.results.empty() ? 0.0 : s / static_cast<double>(c.results.size());
 }
 
+// Mean over prompts of a per-prompt fidelity number.
+template <class F>
+double mean_fid(const config& c, F f) {
+  std::vector<double> xs;
+  for (const auto& x : c.fid) {
+    if (x.steps > 0) xs.push_back(f(x));
+  }
+  return mean(xs);
+}
+
+// Mean over prompts of per-layer vectors (all of one length).
+std::vector<double> mean_layers(const std::vector<std::vector<double>>& per_prompt) {
+  std::vector<double> m;
+  for (const auto& v : per_prompt) {
+    if (m.empty()) m.assign(v.size(), 0.0);
+    for (std::size_t l = 0; l < v.size() && l < m.size(); ++l) m[l] += v[l];
+  }
+  for (auto& x : m) x /= static_cast<double>(per_prompt.size());
+  return m;
+}
+
+std::vector<double> mean_layer_err(const config& c) {
+  std::vector<std::vector<double>> v;
+  for (const auto& x : c.fid) {
+    if (x.steps > 0) v.push_back(x.layer_err);
+  }
+  return mean_layers(v);
+}
+
 std::string pct(double x, bool have) {
   if (!have) return "-";
   char b[16];
@@ -253,7 +407,8 @@ std::string budget_label(double b) {
 }
 
 void print_tables(const std::vector<config>& configs, const std::vector<int>& contexts,
-                  const std::map<std::string, int>& task_counts, bool match_resident) {
+                  const std::map<std::string, int>& task_counts, bool match_resident,
+                  bool verbose) {
   std::string counts;
   for (const char* first : {"passkey", "chain"}) {
     if (task_counts.count(first)) counts += (counts.empty() ? "" : ", ") + std::string(first) +
@@ -265,8 +420,9 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
   std::printf("prompts: %s; greedy decoding, exact match; budget = %s\n\n", counts.c_str(),
               match_resident ? "target device-resident share of the prompt's KV (--match resident)"
                              : "fraction of the prompt kept per KV head (--match budget)");
-  std::printf("%-14s %6s %8s %6s %8s %6s %6s %8s %9s\n", "method", "budget", "KV res.",
-              "read", "passkey", "chain", "hops", "tok/s", "prefill s");
+  std::printf("%-14s %6s %8s %6s %8s %6s %6s %8s %8s %8s %9s\n", "method", "budget",
+              "KV res.", "read", "passkey", "chain", "hops", "att.err", "KL", "tok/s",
+              "prefill s");
   for (const auto& c : configs) {
     if (!c.error.empty()) {
       // "infeasible: ..." (a resident target the method's roles cannot meet) stays as it is
@@ -284,10 +440,12 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
     const bool by_design = c.method == "full_kv" || c.method == "quest";
     std::snprintf(res, sizeof res, "%.1f%%%s", 100.0 * rm,
                   match_resident && !by_design && std::abs(rm - c.budget) > 0.02 ? "*" : "");
-    std::printf("%-14s %6s %8s %6s %8s %6s %6s %8.1f %9.3f\n", c.method.c_str(),
+    std::printf("%-14s %6s %8s %6s %8s %6s %6s %8.4f %8.4f %8.1f %9.3f\n", c.method.c_str(),
                 budget_label(c.budget).c_str(), res,
                 pct(mean(c.read), true).c_str(), pct(pk.exact, pk.n > 0).c_str(),
                 pct(ch.exact, ch.n > 0).c_str(), pct(ch.hops, ch.n > 0).c_str(),
+                mean_fid(c, [](const fidelity& f) { return f.att_err; }),
+                mean_fid(c, [](const fidelity& f) { return f.kl_first; }),
                 tokens_per_second(c), mean_prefill(c));
   }
   // the tiered methods' traffic: what they recalled from the host pool and the steps that waited
@@ -304,6 +462,19 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
     }
     std::printf("(per prompt, mean: bytes the method's transfer moved host -> device; decode\n"
                 "steps that waited for a recall; methods that moved nothing are not listed)\n");
+  }
+  if (verbose) {
+    // per layer: resident KV share after the prompt, and attention-output error
+    std::printf("\nper layer (--verbose): resident KV share after the prompt | attention-output "
+                "error vs full\n");
+    for (const auto& c : configs) {
+      if (!c.error.empty()) continue;
+      std::printf("%-14s %6s |", c.method.c_str(), budget_label(c.budget).c_str());
+      for (double x : mean_layers(c.layer_resident)) std::printf(" %5.1f%%", 100.0 * x);
+      std::printf(" |");
+      for (double x : mean_layer_err(c)) std::printf(" %6.4f", x);
+      std::printf("\n");
+    }
   }
   if (contexts.size() < 2) return;
   std::printf("\nby context length (bytes of prompt + answer):\n");
@@ -339,7 +510,12 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
       "\nKV res.: device-resident KV bytes right after the prompt / the prompt's full KV (mean\n"
       "over prompts; full_kv and quest keep it all by design; * = more than 2 points from the\n"
       "target); read: KV tokens a decode step's attention reads / a full cache's; hops: chain\n"
-      "hops right before the first wrong one; tok/s: decode steps per second (batch 1);\n"
+      "hops right before the first wrong one; att.err: relative L2 error of each layer's\n"
+      "attention output against the full cache's (engine full_cache, same prompt), mean over\n"
+      "layers and over the decode steps whose tokens so far equal the full cache's (always the\n"
+      "first); KL: KL(full || method) in nats of the logits of answer byte 1, the first byte\n"
+      "that reads the method's cache (byte 0 comes from the full-attention prefill);\n"
+      "tok/s: decode steps per second (batch 1);\n"
       "prefill s: the engine's forward pass + the method's prefill work, per prompt.\n");
 }
 
@@ -379,6 +555,12 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
     r["read_kv"] = mean(c.read);
     r["decode_tokens_per_s"] = tokens_per_second(c);
     r["prefill_s"] = mean_prefill(c);
+    r["attention_error"] = mean_fid(c, [](const fidelity& f) { return f.att_err; });
+    r["attention_error_by_layer"] = mean_layer_err(c);
+    r["kl_first_byte"] = mean_fid(c, [](const fidelity& f) { return f.kl_first; });
+    r["kl_mean"] = mean_fid(c, [](const fidelity& f) { return f.kl_mean; });
+    r["fidelity_steps"] = mean_fid(c, [](const fidelity& f) { return f.steps; });
+    r["layer_resident_kv"] = mean_layers(c.layer_resident);
     for (const char* task : {"passkey", "chain"}) {
       const auto all = numbers(c, task, 0);
       if (all.n == 0) continue;
@@ -408,6 +590,13 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
                         {"bytes_recalled", c.recalled[i]}, {"stalls", c.stalls[i]},
                         {"prefill_s", x.prefill_seconds}, {"decode_s", x.decode_seconds}};
       if (x.task == "chain") it["hops_right"] = x.hops_right;
+      it["layer_resident_kv"] = c.layer_resident[i];
+      const auto& f = c.fid[i];
+      it["attention_error"] = f.att_err;
+      it["attention_error_by_layer"] = f.layer_err;
+      it["kl_first_byte"] = f.kl_first;
+      it["kl_mean"] = f.kl_mean;
+      it["fidelity_steps"] = f.steps;
       r["items"].push_back(it);
     }
     j["runs"].push_back(r);
@@ -426,10 +615,14 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
-// Accuracy vs budget per method, one panel per metric; hand-written SVG.
+// Accuracy against the measured device-resident KV share (after the prompt, mean over prompts)
+// per method, one line per method through its budgets, one panel per metric (passkey exact,
+// chain exact, chain hops); hand-written SVG.
 std::string svg_chart(const std::vector<config>& configs) {
   const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+                          "#000000", "#aec7e8"};
+  constexpr std::size_t n_colors = sizeof colors / sizeof colors[0];
   struct panel {
     const char* title;
     const char* task;
@@ -453,14 +646,14 @@ std::string svg_chart(const std::vector<config>& configs) {
                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                 "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n"
                 "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-                "<text x=\"%d\" y=\"20\" font-size=\"15\">kvsift eval: accuracy vs budget "
-                "(fraction of the prompt kept per KV head)</text>\n",
+                "<text x=\"%d\" y=\"20\" font-size=\"15\">kvsift eval: accuracy vs resident KV "
+                "(device-resident share of the prompt's KV, measured)</text>\n",
                 width, height, width, height, ml);
   s += b;
   for (int p = 0; p < 3; ++p) {
     const int x0 = ml + p * (pw + gap);
     const int y0 = mt;
-    auto X = [&](double budget) { return x0 + budget * pw; };
+    auto X = [&](double resident) { return x0 + std::clamp(resident, 0.0, 1.0) * pw; };
     auto Y = [&](double acc) { return y0 + (1.0 - acc) * ph; };
     std::snprintf(b, sizeof b,
                   "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-weight=\"bold\">%s</text>\n"
@@ -479,17 +672,17 @@ std::string svg_chart(const std::vector<config>& configs) {
                     X(v), y0 + ph + 16, v);
       s += b;
     }
-    std::snprintf(b, sizeof b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">budget</text>\n",
+    std::snprintf(b, sizeof b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">resident KV</text>\n",
                   x0 + pw / 2, y0 + ph + 34);
     s += b;
     for (std::size_t m = 0; m < methods.size(); ++m) {
-      const char* color = colors[m % 10];
+      const char* color = colors[m % n_colors];
       std::vector<std::pair<double, double>> pts;
       for (const auto& c : configs) {
         if (c.method != methods[m] || !c.error.empty()) continue;
         const auto t = numbers(c, panels[p].task, 0);
         if (t.n == 0) continue;
-        pts.emplace_back(c.budget, panels[p].hops ? t.hops : t.exact);
+        pts.emplace_back(mean(c.resident), panels[p].hops ? t.hops : t.exact);
       }
       std::sort(pts.begin(), pts.end());
       if (pts.size() > 1) {
@@ -503,9 +696,9 @@ std::string svg_chart(const std::vector<config>& configs) {
       }
       for (const auto& [x, y] : pts) {
         std::snprintf(b, sizeof b,
-                      "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>%s %g: "
+                      "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>%s resident %.1f%%: "
                       "%.0f%%</title></circle>\n",
-                      X(x), Y(y), color, xml_escape(methods[m]).c_str(), x, 100 * y);
+                      X(x), Y(y), color, xml_escape(methods[m]).c_str(), 100 * x, 100 * y);
         s += b;
       }
     }
@@ -516,7 +709,7 @@ std::string svg_chart(const std::vector<config>& configs) {
     std::snprintf(b, sizeof b,
                   "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
                   "stroke-width=\"3\"/>\n<text x=\"%d\" y=\"%d\">%s</text>\n",
-                  lx, ly, lx + 20, ly, colors[m % 10], lx + 26, ly + 4,
+                  lx, ly, lx + 20, ly, colors[m % n_colors], lx + 26, ly + 4,
                   xml_escape(methods[m]).c_str());
     s += b;
   }
@@ -567,6 +760,7 @@ struct run_options {
   std::string roles_file;
   ex::attention_kernel kernel = ex::attention_kernel::library;
   std::string kernel_name;
+  bool verbose = false;  // per-layer table
 };
 
 // The head-roles file of `method` ("synckv" / "heterocache") for a model: --roles FILE when that
@@ -686,6 +880,12 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
     const auto t0 = clock_type::now();
     const std::vector<float> logits = model.prefill(ids, cap, n_new);
     const double forward = seconds_since(t0);
+    // the full-cache reference of this prompt (fidelity); the engine's full_cache, not timed
+    reference_run ref;
+    {
+      ex::full_cache full;
+      (void)run_one(model, item, cap, logits, 0.0, full, &ref, /*record=*/true, nullptr, nullptr);
+    }
     // The configuration right after the forward pass decodes on colder caches: rotate which one
     // goes first, so timings stay comparable.
     for (std::size_t k = 0; k < configs.size(); ++k) {
@@ -693,7 +893,12 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
       ++done;
       if (c.error.empty()) {
         try {
-          c.results.push_back(run_one(model, item, cap, logits, forward, *c.cache));
+          fidelity f;
+          std::vector<double> lr;
+          c.results.push_back(
+              run_one(model, item, cap, logits, forward, *c.cache, &ref, false, &f, &lr));
+          c.fid.push_back(std::move(f));
+          c.layer_resident.push_back(std::move(lr));
           const auto& r = c.results.back();
           const auto prompt_bytes = static_cast<double>(r.prompt_len * row_bytes);
           const auto end_bytes = static_cast<double>((r.prompt_len + r.decode_steps) * row_bytes);
@@ -711,6 +916,8 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
         } catch (const kvsift::error& e) {
           c.error = e.what();
           if (c.results.size() > c.resident.size()) c.results.pop_back();
+          if (c.fid.size() > c.resident.size()) c.fid.pop_back();
+          if (c.layer_resident.size() > c.resident.size()) c.layer_resident.pop_back();
           std::fprintf(stderr, "%skvsift eval: %s at %g not run: %s\n", bar.tty() ? "\n" : "",
                        c.method.c_str(), c.budget, e.what());
         }
@@ -725,7 +932,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
                 std::filesystem::path(jb.model_dir).filename().string().c_str(), cfg.num_layers,
                 cfg.num_q_heads, cfg.num_kv_heads);
   }
-  print_tables(configs, contexts, task_counts, o.match_resident);
+  print_tables(configs, contexts, task_counts, o.match_resident, o.verbose);
   return {};
 }
 
@@ -744,6 +951,7 @@ int eval(const std::vector<std::string>& args) {
         "usage: kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]\n"
         "                   [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE]\n"
         "                   [--json] [--plot FILE.svg] [--limit N] [--kernel library|engine]\n"
+        "                   [--verbose]\n"
         "  defaults: both shipped models, each on its shipped prompts: data/tiny-recall on\n"
         "  data/eval/{passkey,chain}.jsonl (12 + 12) and data/recall-8kv on the first 12 of\n"
         "  data/eval/recall-8kv/{passkey,chain}.jsonl (--limit 12); with --model, that model on\n"
@@ -757,17 +965,23 @@ int eval(const std::vector<std::string>& args) {
         "  names; otherwise each takes the model's roles-synckv.json / roles-heterocache.json\n"
         "  when it has one (a resident target its roles cannot meet shows as infeasible).\n"
         "  --kernel engine: the engine's\n"
-        "  attend_decode over each plan instead of the library's attention.");
+        "  attend_decode over each plan instead of the library's attention.\n"
+        "  Fidelity (table and JSON): each prompt is also decoded through the engine's full_cache;\n"
+        "  att.err is the relative L2 error of each layer's attention output against it (mean over\n"
+        "  layers and over the decode steps whose tokens so far equal the full cache's), KL the\n"
+        "  KL(full || method) of the logits of answer byte 1 (the first that reads the cache).\n"
+        "  --verbose: a per-layer table of resident KV share and attention error.\n"
+        "  --plot: accuracy against the measured resident KV share, one line per method.");
     return 0;
   }
   static const std::set<std::string> known = {"--model", "--prompts", "--methods", "--budgets",
                                               "--json",  "--plot",    "--limit",   "--kernel",
-                                              "--match", "--roles"};
+                                              "--match", "--roles",   "--verbose"};
   for (std::size_t i = 0; i < args.size(); ++i) {
     require(known.count(args[i]) > 0, "kvsift eval", "argument", args[i],
             "one of --model --prompts --methods --budgets --match --roles --json --plot --limit "
-            "--kernel");
-    if (args[i] != "--json") {
+            "--kernel --verbose");
+    if (args[i] != "--json" && args[i] != "--verbose") {
       require(i + 1 < args.size(), "kvsift eval", args[i], "missing", "a value");
       ++i;
     }
@@ -795,6 +1009,7 @@ int eval(const std::vector<std::string>& args) {
   o.kernel = o.kernel_name == "engine" ? ex::attention_kernel::engine
                                        : ex::attention_kernel::library;
   const bool json = flag(args, "--json");
+  o.verbose = flag(args, "--verbose");
   const std::string plot = option(args, "--plot", "");
   const bool has_limit = !option(args, "--limit", "").empty();
   const int limit = parse_limit(option(args, "--limit", "0"));
