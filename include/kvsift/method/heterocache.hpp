@@ -262,35 +262,10 @@ class heterocache {
   // then places the KV of the requests whose prompt ended. Validates everything first.
   void prefill(int layer, std::span<const prefill_chunk<T>> chunks) {
     constexpr std::string_view where = "heterocache.prefill";
-    const auto& sh = store_->shape();
     check_layer(where, layer);
-    std::vector<std::int32_t> next(static_cast<std::size_t>(store_->requests()), -1);
-    std::vector<int> added(static_cast<std::size_t>(store_->requests()), 0);
-    for (const auto& c : chunks) {
-      check_request(where, c.request);
-      require(state_[rl(c.request, layer)].prompt_end < 0, where, "request", c.request,
-              "a request whose prompt has not ended on this layer (reset() it first)");
-      c.keys.validate(where, "keys", sh.kv_heads, sh.head_dim);
-      c.values.validate(where, "values", sh.kv_heads, sh.head_dim);
-      require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens,
-              "keys.tokens (" + std::to_string(c.keys.tokens) + ")");
-      require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
-      if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
-      require(c.queries.tokens <= c.keys.tokens, where, "queries.tokens", c.queries.tokens,
-              "<= keys.tokens (the chunk's newest queries)");
-      if (c.last) {
-        require(c.queries.tokens >= 1, where, "queries.tokens", c.queries.tokens,
-                ">= 1 on the last chunk: HeteroCache scores the prompt's last query");
-      }
-      const auto first = next[c.request] >= 0 ? next[c.request] : store_->next_position(c.request, layer);
-      require(c.first_position >= first, where, "first_position", c.first_position,
-              ">= " + std::to_string(first));
-      added[c.request] += c.keys.tokens;
-      const int room = store_->host_capacity() - store_->host_length(c.request, layer);
-      require(added[c.request] <= room, where, "keys.tokens", c.keys.tokens,
-              "<= the room left in the host pool (" + std::to_string(room) + ")");
-      next[c.request] = c.first_position + c.keys.tokens;
-    }
+    const auto added = detail::check_prefill_chunks(
+        *store_, layer, chunks, where, "HeteroCache",
+        [&](int r) { return state_[rl(r, layer)].prompt_end < 0; });
     for (const auto& c : chunks) {  // the budgets of the prompts that end (throws before appending)
       if (c.last) (void)budget(store_->host_length(c.request, layer) + added[c.request]);
     }

@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <numeric>
 #include <span>
+#include <string>
+#include <string_view>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -120,6 +122,47 @@ class pending_recalls {
   }
   std::vector<slot> slots_;
 };
+
+// Validates a prefill call of a method over store::tiered that scores the prompt's last query
+// (SyncKV, HeteroCache), before anything is appended: each chunk's shapes, the last chunk's
+// query, ascending positions across a request's chunks, and room in the host pool for all of
+// them. `prompt_open(request)` says whether the request's prompt has not ended on this layer.
+// Returns the tokens each request adds ([requests]).
+template <Element T, class PromptOpen>
+std::vector<int> check_prefill_chunks(const store::tiered<T>& st, int layer,
+                                      std::span<const prefill_chunk<T>> chunks,
+                                      std::string_view where, std::string_view who,
+                                      PromptOpen&& prompt_open) {
+  const auto& sh = st.shape();
+  std::vector<std::int32_t> next(static_cast<std::size_t>(st.requests()), -1);
+  std::vector<int> added(static_cast<std::size_t>(st.requests()), 0);
+  for (const auto& c : chunks) {
+    st.check_request_layer(where, c.request, layer);
+    require(prompt_open(c.request), where, "request", c.request,
+            "a request whose prompt has not ended on this layer (reset() it first)");
+    c.keys.validate(where, "keys", sh.kv_heads, sh.head_dim);
+    c.values.validate(where, "values", sh.kv_heads, sh.head_dim);
+    require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens,
+            "keys.tokens (" + std::to_string(c.keys.tokens) + ")");
+    require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
+    if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
+    require(c.queries.tokens <= c.keys.tokens, where, "queries.tokens", c.queries.tokens,
+            "<= keys.tokens (the chunk's newest queries)");
+    if (c.last) {
+      require(c.queries.tokens >= 1, where, "queries.tokens", c.queries.tokens,
+              ">= 1 on the last chunk: " + std::string(who) + " scores the prompt's last query");
+    }
+    const auto first = next[c.request] >= 0 ? next[c.request] : st.next_position(c.request, layer);
+    require(c.first_position >= first, where, "first_position", c.first_position,
+            ">= " + std::to_string(first));
+    added[c.request] += c.keys.tokens;
+    const int room = st.host_capacity() - st.host_length(c.request, layer);
+    require(added[c.request] <= room, where, "keys.tokens", c.keys.tokens,
+            "<= the room left in the host pool (" + std::to_string(room) + ")");
+    next[c.request] = c.first_position + c.keys.tokens;
+  }
+  return added;
+}
 
 // The plan of a step that reads every resident token of each head-sequence of `plan.requests`
 // (SyncKV and HeteroCache: the working set is what each head reads), slots and positions.
