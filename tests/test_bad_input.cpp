@@ -559,3 +559,560 @@ TEST_CASE("freekv: a page size that does not match the store, a budget of part p
   REQUIRE_REJECTS(t, kvsift::freekv<float>(t, p), "page_size");
   REQUIRE_THROWS_WITH(kvsift::freekv<float>(t, p), ContainsSubstring("'page_size' = 16"));
 }
+
+// ---- issue 18, continued: non-finite input, missing requests, plans past the store, the
+// registry, roles files from disk, safetensors headers, budgets and shapes ---------------------
+
+#include <kvsift/calibrate/roles_file.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <unistd.h>
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// A tiered store's host pool (what the working-set snapshot does not see).
+struct host_snapshot {
+  std::vector<int> lengths;
+  std::vector<std::int32_t> positions;
+  std::vector<unsigned char> bytes;
+  bool operator==(const host_snapshot&) const = default;
+};
+template <class T>
+host_snapshot take_host(const kvsift::store::tiered<T>& t) {
+  host_snapshot out;
+  const auto& sh = t.shape();
+  for (int r = 0; r < t.requests(); ++r) {
+    for (int l = 0; l < sh.layers; ++l) {
+      const int n = t.host_length(r, l);
+      out.lengths.push_back(n);
+      for (int i = 0; i < n; ++i) out.positions.push_back(t.host_position(r, l, i));
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto seq = sh.sequence(r, l, h);
+        for (int i = 0; i < n; ++i) {
+          const auto* k = reinterpret_cast<const unsigned char*>(t.host_key(seq, i));
+          const auto* v = reinterpret_cast<const unsigned char*>(t.host_value(seq, i));
+          out.bytes.insert(out.bytes.end(), k, k + sh.head_dim * sizeof(T));
+          out.bytes.insert(out.bytes.end(), v, v + sh.head_dim * sizeof(T));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// REQUIRE_REJECTS for a tiered store: the working set AND the host pool are unchanged.
+#define REQUIRE_REJECTS_TIERED(store, expr, arg)   \
+  do {                                             \
+    const auto host_before_ = take_host(store);    \
+    REQUIRE_REJECTS(store, expr, arg);             \
+    REQUIRE(take_host(store) == host_before_);     \
+  } while (0)
+
+// Argument name, value and a word of the expectation, all in the message of the throw.
+#define REQUIRE_MESSAGE(expr, arg, value, expect)                                              \
+  REQUIRE_THROWS_WITH(expr, ContainsSubstring(std::string("argument '") + (arg)) &&            \
+                                ContainsSubstring(value) && ContainsSubstring(expect))
+
+kvsift::score_sets scores_of(const std::vector<std::vector<float>>& segs) {
+  kvsift::score_sets s;
+  std::vector<int> sizes;
+  for (const auto& x : segs) sizes.push_back(static_cast<int>(x.size()));
+  s.resize(sizes);
+  std::size_t o = 0;
+  for (const auto& x : segs) {
+    std::copy(x.begin(), x.end(), s.values.begin() + static_cast<std::ptrdiff_t>(o));
+    o += x.size();
+  }
+  return s;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("kvsift_bad_input_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+// A tiered store of kShape with request 0's prompt (12 tokens) on layer 0, half of it demoted.
+kvsift::store::tiered<float> tiered_prompt(int requests = 2) {
+  kvsift::store::tiered<float> t(kShape, requests, 32, 4);
+  const auto k = filled<float>(12 * 2 * 4, 0.5f);
+  t.append(0, 0, view<float>::contiguous(k.data(), 12, 2, 4), view<float>::contiguous(k.data(), 12, 2, 4), 0);
+  kvsift::index_sets kept;
+  kept.push_back(std::vector<std::int32_t>{0, 1, 10, 11});
+  kept.push_back(std::vector<std::int32_t>{0, 5, 11});
+  t.retain(0, 0, kept);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("select::topk: a NaN score among the candidates is rejected, check_finite or not",
+          "[bad_input][select][nonfinite]") {
+  // segment 0: the top 2 of 8 would be {6, 7}; a NaN at 3 used to pick an unspecified set
+  auto scores = scores_of({{0, 1, 2, kNaN, 4, 5, 6, 7}, {1, 2}});
+  kvsift::index_sets kept;
+  kept.push_back(std::vector<std::int32_t>{9});
+  const auto before = kept.values;
+  const std::vector<int> budgets{2, 2};
+  REQUIRE_THROWS_AS(kvsift::select::topk{}.select(scores, budgets, kept), kvsift::error);
+  REQUIRE_MESSAGE(kvsift::select::topk{}.select(scores, budgets, kept), "scores[0][3]", "nan", "not NaN");
+  REQUIRE(kept.values == before);
+  // with check_finite, infinities too; without, +inf is an ordinary (highest) score
+  scores.values[3] = kInf;
+  const kvsift::select::topk strict{{.check_finite = true}};
+  REQUIRE_MESSAGE(strict.select(scores, budgets, kept), "scores[0][3]", "inf", "finite");
+  REQUIRE(kept.values == before);
+  kvsift::select::topk{}.select(scores, budgets, kept);
+  REQUIRE(std::vector<std::int32_t>(kept[0].begin(), kept[0].end()) == std::vector<std::int32_t>{3, 7});
+  // a NaN in a protected (sink) slot changes no choice and is allowed
+  scores.values[3] = 3;
+  scores.values[0] = kNaN;
+  REQUIRE_NOTHROW(kvsift::select::topk{{.sink = 1}}.select(scores, budgets, kept));
+}
+
+TEST_CASE("select::page_topk and static_dynamic: NaN page or token scores", "[bad_input][select][nonfinite]") {
+  const auto pages = scores_of({{4, kNaN, 1, 9, 2}});
+  kvsift::index_sets kept;
+  const std::vector<int> budget{16 * 3};
+  REQUIRE_MESSAGE(kvsift::select::page_topk{}.select(pages, budget, kept), "scores[0][1]", "nan", "not NaN");
+  REQUIRE(kept.segments() == 0);
+  const auto tokens = scores_of({{1, 2, 3}, {5, kNaN, 0, 2}});
+  const std::vector<int> b2{2, 2};
+  REQUIRE_MESSAGE(kvsift::select::static_dynamic{}.select(tokens, b2, kept), "scores[1][1]", "nan",
+                  "not NaN");
+  REQUIRE_MESSAGE((kvsift::select::page_topk{{.check_finite = true}}.select(
+                      scores_of({{4, -kInf, 1, 9, 2}}), budget, kept)),
+                  "scores[0][1]", "-inf", "finite");
+}
+
+TEST_CASE("budget::inverse_stability: NaN and negative stabilities, NaN rho", "[bad_input][budget][nonfinite]") {
+  using role = kvsift::calibrate::head_role;
+  kvsift::budget::inverse_stability b{{.roles = {role::anchor, role::satellite, role::pivot, role::anchor},
+                                       .stability = {0.5f, kNaN, 0.2f, 0.1f},
+                                       .kv_heads = 2,
+                                       .rho = 0.5}};
+  REQUIRE_MESSAGE(b.validate("t"), "stability[1]", "nan", "finite number >= 0");
+  b.p.stability[1] = -0.25f;
+  REQUIRE_MESSAGE(b.validate("t"), "stability[1]", "-0.25", ">= 0");
+  b.p.stability[1] = 0.3f;
+  b.p.rho = std::nan("");
+  REQUIRE_MESSAGE(b.validate("t"), "rho", "nan", "in [0, 1]");
+  b.p.rho = 0.5;
+  std::vector<int> out{7};
+  const std::vector<int> lengths{10, 10, 10};  // 3 lengths for a context of 2 layers x 2 heads
+  REQUIRE_MESSAGE(b.budgets({.layer = 0, .layers = 3, .kv_heads = 2, .lengths = lengths}, out),
+                  "roles.size", "4", "layers x kv_heads = 6");
+  REQUIRE(out == std::vector<int>{7});
+}
+
+TEST_CASE("budgeters: budgets out of range for each", "[bad_input][budget]") {
+  REQUIRE_MESSAGE((kvsift::budget::uniform{{.tokens = -1}}.validate("t")), "budget", "-1", ">= 0");
+  REQUIRE_MESSAGE((kvsift::budget::memory_fraction{{.keep_fraction = std::nan("")}}.validate("t")),
+                  "keep_fraction", "nan", "in [0, 1]");
+  REQUIRE_MESSAGE((kvsift::budget::memory_fraction{{.keep_fraction = 1.25}}.validate("t")),
+                  "keep_fraction", "1.25", "in [0, 1]");
+  REQUIRE_MESSAGE((kvsift::budget::dynamic_layer{{.tokens = 8, .window = 8}}.validate("t")), "budget",
+                  "8", "> window (8)");
+  REQUIRE_MESSAGE((kvsift::budget::dynamic_layer{{.tokens = 64, .window = 8, .r_max = 0}}.validate("t")),
+                  "r_max", "0", ">= 1");
+  REQUIRE_MESSAGE(kvsift::budget::dynamic_layer_shares(std::vector<std::int64_t>{0, 0}, 10),
+                  "sum(counts)", "0", "> 0");
+  REQUIRE_MESSAGE(kvsift::budget::dynamic_layer_shares(std::vector<std::int64_t>{3, -1}, 10), "counts[]",
+                  "-1", ">= 0");
+}
+
+TEST_CASE("method.decode: a NaN or infinite key, value or query is rejected before the append",
+          "[bad_input][method][nonfinite]") {
+  store_t s(kShape, 2, 16);
+  populate(s);
+  kvsift::h2o<store_t> m(s, kvsift::h2o_params<store_t>(8));
+  auto q = filled<float>(4 * 4, 0.1f);
+  auto k = filled<float>(2 * 4, 0.2f);
+  const auto v = filled<float>(2 * 4, 0.3f);
+  k[5] = kNaN;
+  const kvsift::decode_token<float> bad_k{1, q.data(), k.data(), v.data()};
+  REQUIRE_REJECTS(s, m.decode(0, bad_k), "tokens[0].key[5]");
+  REQUIRE_MESSAGE(m.decode(0, bad_k), "tokens[0].key[5]", "nan", "finite");
+  k[5] = 0.2f;
+  q[15] = -kInf;
+  const kvsift::decode_token<float> good0{0, q.data(), k.data(), v.data()};
+  // the bad token is the second of the batch: the first is not appended either
+  const std::vector<kvsift::decode_token<float>> batch{good0, {1, q.data(), k.data(), v.data()}};
+  std::vector<float> q_ok = filled<float>(4 * 4, 0.1f);
+  const std::vector<kvsift::decode_token<float>> mixed{{0, q_ok.data(), k.data(), v.data()},
+                                                       {1, q.data(), k.data(), v.data()}};
+  REQUIRE_REJECTS(s, m.decode(0, mixed), "tokens[1].query[15]");
+  REQUIRE_MESSAGE(m.decode(0, mixed), "tokens[1].query[15]", "-inf", "finite");
+  REQUIRE(m.step(0, 0) == 0);
+  REQUIRE_NOTHROW(m.decode(0, kvsift::decode_token<float>{0, q_ok.data(), k.data(), v.data()}));
+}
+
+TEST_CASE("method.prefill: a NaN key in a chunk, nothing appended", "[bad_input][method][nonfinite]") {
+  store_t s(kShape, 3, 40);
+  populate(s);
+  kvsift::snapkv<store_t> m(s, kvsift::snapkv_params<store_t>(8, 4, 3));
+  prompt p20(20);
+  prompt bad(20);
+  bad.k[2 * 8 + 4 + 1] = kNaN;  // token 2, head 1, channel 1
+  const std::vector<kvsift::prefill_chunk<float>> batch{p20.chunk(0, 10), bad.chunk(1, 10)};
+  REQUIRE_REJECTS(s, m.prefill(0, batch), "keys[2][1][1]");
+  REQUIRE_MESSAGE(m.prefill(0, batch), "keys[2][1][1]", "nan", "finite");
+  bad = prompt(20);
+  bad.q[19 * 16 + 3] = kInf;  // the last query, which SnapKV's window reads
+  REQUIRE_MESSAGE(m.prefill(0, bad.chunk(1, 10)), "queries[19][0][3]", "inf", "finite");
+  REQUIRE_REJECTS(s, m.prefill(0, bad.chunk(1, 10)), "queries[19]");
+}
+
+TEST_CASE("synckv, heterocache, freekv decode: a NaN key leaves both tiers unchanged",
+          "[bad_input][tiered][nonfinite]") {
+  using role = kvsift::calibrate::head_role;
+  const prompt p16(16);
+  auto q = filled<float>(4 * 4, 0.1f);
+  auto k = filled<float>(2 * 4, 0.2f);
+  k[0] = kNaN;
+  const kvsift::decode_token<float> bad{0, q.data(), k.data(), k.data()};
+  SECTION("synckv") {
+    kvsift::store::tiered<float> t(kShape, 1, 64);
+    kvsift::synckv<float> m(t, {.clusters = 1, .memory_fraction = 0.6, .roles = {{{0, 0}, {0}}, {{0, 0}, {0}}}});
+    m.prefill(0, p16.chunk(0, 0));
+    REQUIRE_REJECTS_TIERED(t, m.decode(0, bad), "tokens[0].key[0]");
+    REQUIRE_MESSAGE(m.decode(0, bad), "tokens[0].key[0]", "nan", "finite");
+  }
+  SECTION("heterocache") {
+    kvsift::store::tiered<float> t(kShape, 1, 64);
+    kvsift::heterocache<float>::params p;
+    p.roles = {{{role::anchor, role::anchor}, {-1, -1}, {0.9f, 0.9f}},
+               {{role::anchor, role::anchor}, {-1, -1}, {0.9f, 0.9f}}};
+    kvsift::heterocache<float> m(t, p);
+    m.prefill(0, p16.chunk(0, 0));
+    REQUIRE_REJECTS_TIERED(t, m.decode(0, bad), "tokens[0].key[0]");
+  }
+  SECTION("freekv") {
+    kvsift::store::tiered<float> t(kShape, 1, 64, 4);
+    kvsift::freekv<float> m(t, {.page_size = 4, .budget = 12, .sink = 4, .window = 4});
+    m.prefill(0, p16.chunk(0, 0));
+    REQUIRE_REJECTS_TIERED(t, m.decode(0, bad), "tokens[0].key[0]");
+  }
+}
+
+TEST_CASE("a request id that does not exist: dense, paged and tiered methods", "[bad_input][request]") {
+  const auto q = filled<float>(4 * 4, 0.1f);
+  const auto k = filled<float>(2 * 4, 0.2f);
+  const prompt p8(8);
+  SECTION("dense: decode, prefill, reset on request == requests and < 0") {
+    store_t s(kShape, 2, 16);
+    populate(s);
+    kvsift::streaming_llm<store_t> m(s, kvsift::streaming_llm_params<store_t>(8, 2));
+    for (const int r : {2, -1, 1000}) {
+      REQUIRE_REJECTS(s, m.decode(0, kvsift::decode_token<float>{r, q.data(), k.data(), k.data()}), "request");
+      REQUIRE_REJECTS(s, m.prefill(0, p8.chunk(r, 10)), "request");
+      REQUIRE_REJECTS(s, m.reset(r), "request");
+    }
+    REQUIRE_MESSAGE(m.reset(2), "request", "2", "in [0, 2)");
+    REQUIRE_MESSAGE(m.decode(1, kvsift::decode_token<float>{-1, q.data(), k.data(), k.data()}), "request",
+                    "-1", "in [0, 2)");
+  }
+  SECTION("paged: decode and the store's reset") {
+    kvsift::store::paged<float> s(kShape, 2, 4, 16);
+    populate(s);
+    kvsift::full_kv<kvsift::store::paged<float>> m(s, {});
+    REQUIRE_REJECTS(s, m.decode(0, kvsift::decode_token<float>{3, q.data(), k.data(), k.data()}), "request");
+    REQUIRE_MESSAGE(s.reset(-2), "request", "-2", "in [0, 2)");
+    REQUIRE_REJECTS(s, s.reset(-2), "request");
+  }
+  SECTION("tiered: synckv and freekv decode/prefill/reset, the store's append") {
+    kvsift::store::tiered<float> t(kShape, 2, 64, 4);
+    kvsift::synckv<float> m(t, {.clusters = 1, .memory_fraction = 0.6, .roles = {{{0, 0}, {0}}, {{0, 0}, {0}}}});
+    m.prefill(0, p8.chunk(0, 0));
+    const kvsift::decode_token<float> far{7, q.data(), k.data(), k.data()};
+    REQUIRE_REJECTS_TIERED(t, m.decode(0, far), "request");
+    REQUIRE_MESSAGE(m.decode(0, far), "request", "7", "in [0, 2)");
+    REQUIRE_REJECTS_TIERED(t, m.prefill(0, p8.chunk(-1, 0)), "request");
+    REQUIRE_REJECTS_TIERED(t, m.reset(2), "request");
+    REQUIRE_REJECTS_TIERED(t, t.append(2, 0, view<float>::contiguous(k.data(), 1, 2, 4),
+                                       view<float>::contiguous(k.data(), 1, 2, 4), 0),
+                           "request");
+    kvsift::store::tiered<float> t2(kShape, 2, 64, 4);
+    kvsift::freekv<float> f(t2, {.page_size = 4, .budget = 12, .sink = 4, .window = 4});
+    REQUIRE_REJECTS_TIERED(t2, f.decode(0, far), "request");
+    REQUIRE_REJECTS_TIERED(t2, f.prefill(0, p8.chunk(5, 0)), "request");
+  }
+}
+
+TEST_CASE("any_kv_method from the registry: a request that does not exist", "[bad_input][request][registry]") {
+  kvsift::method_config c;
+  c.shape = kShape;
+  c.requests = 2;
+  c.capacity = 32;
+  c.prompt_len = 8;
+  c.budget = 8;
+  auto m = kvsift::default_method_registry<float>().make("h2o", c);
+  const prompt p8(8);
+  const auto c0 = p8.chunk(0, 0);
+  m->prefill(0, std::span(&c0, 1));
+  const auto q = filled<float>(4 * 4, 0.1f);
+  const auto k = filled<float>(2 * 4, 0.2f);
+  const kvsift::decode_token<float> t{2, q.data(), k.data(), k.data()};
+  const auto len_before = m->length(0);
+  REQUIRE_MESSAGE(m->decode(0, std::span(&t, 1)), "request", "2", "in [0, 2)");
+  REQUIRE_MESSAGE(m->reset(-1), "request", "-1", "in [0, 2)");
+  REQUIRE(m->length(0) == len_before);
+  REQUIRE(m->next_position(0, 0) == 8);
+}
+
+TEST_CASE("method_registry: an unknown name lists the known ones, builds nothing", "[bad_input][registry]") {
+  const auto& reg = kvsift::default_method_registry<float>();
+  kvsift::method_config c;
+  c.shape = kShape;
+  c.capacity = 16;
+  c.budget = 8;
+  REQUIRE(reg.find("h2oo") == nullptr);
+  REQUIRE_MESSAGE(reg.make("h2oo", c), "name", "h2oo", "one of ");
+  REQUIRE_THROWS_WITH(reg.at("H2O"), ContainsSubstring("streaming_llm") && ContainsSubstring("freekv"));
+  REQUIRE_MESSAGE(reg.for_resident_fraction("", c, 0.5), "name", "'name' = ,", "one of");
+  REQUIRE_MESSAGE(reg.for_resident_fraction("h2o", c, 1.5), "fraction", "1.5", "in (0, 1]");
+  kvsift::method_registry<float> mine;
+  REQUIRE_MESSAGE(mine.at("h2o"), "name", "h2o", "one of");
+  mine.add(reg.at("h2o"));
+  REQUIRE_MESSAGE(mine.add(reg.at("h2o")), "name", "h2o", "a new name");
+  REQUIRE(mine.names() == std::vector<std::string>{"h2o"});
+}
+
+TEST_CASE("roles files read from disk for another model name the mismatching field",
+          "[bad_input][roles][io]") {
+  namespace cal = kvsift::calibrate;
+  cal::synckv_roles sr;
+  sr.model = {.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 4, .config_hash = ""};
+  sr.layers = {{.assign = {0, 0}, .representatives = {0}, .similarity = {}},
+               {.assign = {0, 1}, .representatives = {0, 1}, .similarity = {}}};
+  const auto spath = temp_path("synckv.json");
+  cal::write_roles(spath, sr);
+  REQUIRE(cal::read_synckv_roles(spath, sr.model).layers.size() == 2);  // the right model reads
+  auto other = sr.model;
+  other.kv_heads = 8;
+  other.q_heads = 8;
+  REQUIRE_MESSAGE(cal::read_synckv_roles(spath, other), "model.q_heads", "4", "the model's q_heads = 8");
+  other = sr.model;
+  other.layers = 3;
+  REQUIRE_MESSAGE(cal::read_synckv_roles(spath, other), "model.layers", "2", "the model's layers = 3");
+  other = sr.model;
+  other.head_dim = 64;
+  REQUIRE_MESSAGE(cal::read_synckv_roles(spath, other), "model.head_dim", "4", "the model's head_dim = 64");
+  // a SyncKV file handed to the HeteroCache reader
+  REQUIRE_MESSAGE(cal::read_heterocache_roles(spath, sr.model), "method", "synckv", "\"heterocache\"");
+
+  using role = cal::head_role;
+  cal::heterocache_roles hr;
+  hr.model = {.layers = 1, .q_heads = 4, .kv_heads = 2, .head_dim = 4, .config_hash = "fnv1a64:0123456789abcdef"};
+  hr.layers = {{.roles = {role::anchor, role::volatile_head},
+                .leader = {-1, -1},
+                .stability = {0.9f, 0.1f},
+                .similarity = {}}};
+  const auto hpath = temp_path("heterocache.json");
+  cal::write_roles(hpath, hr);
+  auto h_other = hr.model;
+  h_other.config_hash = "fnv1a64:fedcba9876543210";
+  REQUIRE_MESSAGE(cal::read_heterocache_roles(hpath, h_other), "model.config_hash",
+                  "fnv1a64:0123456789abcdef", "config.json hash fnv1a64:fedcba9876543210");
+  h_other = hr.model;
+  h_other.kv_heads = 4;
+  REQUIRE_MESSAGE(cal::read_heterocache_roles(hpath, h_other), "model.kv_heads", "2", "the model's kv_heads = 4");
+  std::filesystem::remove(spath);
+  std::filesystem::remove(hpath);
+  REQUIRE_MESSAGE(cal::read_synckv_roles(spath, sr.model), "path", spath, "readable");
+}
+
+namespace {
+std::vector<std::byte> safetensors_image(const std::string& header, std::size_t data_bytes,
+                                         std::uint64_t announced) {
+  std::vector<std::byte> buf(8 + header.size() + data_bytes, std::byte{0});
+  for (int i = 0; i < 8; ++i) buf[static_cast<std::size_t>(i)] = std::byte((announced >> (8 * i)) & 0xff);
+  std::memcpy(buf.data() + 8, header.data(), header.size());
+  return buf;
+}
+}  // namespace
+
+TEST_CASE("safetensors: an oversized header length is refused before any parse", "[bad_input][io]") {
+  const std::string h = "{}";
+  // 2^40 bytes announced: past both the format's 100 MB limit and this 10-byte file
+  const auto buf = safetensors_image(h, 0, std::uint64_t{1} << 40);
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(buf, "t"), "header length", "1099511627776",
+                  "at most 100000000 bytes");
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(safetensors_image(h, 0, ~std::uint64_t{0}), "t"),
+                  "header length", "18446744073709551615", "header limit");
+  // within the limit but past the end: the truncation message
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(safetensors_image(h, 0, 3), "t"), "header length",
+                  "3", "truncated");
+}
+
+TEST_CASE("safetensors: a header that is not JSON, or not an object", "[bad_input][io]") {
+  const std::string bad = "{\"a\": [1, 2";  // cut off
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(safetensors_image(bad, 0, bad.size()), "t"),
+                  "header", "parse error", "a JSON object");
+  const std::string arr = "[1, 2]";
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(safetensors_image(arr, 0, arr.size()), "t"),
+                  "header", "array", "a JSON object");
+  const std::string entry = R"({"w": {"dtype": "F32", "shape": [2]}})";
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(safetensors_image(entry, 0, entry.size()), "t"),
+                  "tensor \"w\" header entry", "\"shape\":[2]", "data_offsets");
+}
+
+TEST_CASE("safetensors: tensor data_offsets past the file, or disagreeing with the shape",
+          "[bad_input][io]") {
+  const std::string past = R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})";
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(safetensors_image(past, 8, past.size()), "t"),
+                  "tensor \"w\" data_offsets", "[0,16]", "within the data section of 8 bytes");
+  const std::string back = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})";
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(safetensors_image(back, 8, back.size()), "t"),
+                  "tensor \"w\" data_offsets", "[8,4]", "begin <= end");
+  const std::string wrong = R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})";
+  REQUIRE_MESSAGE(kvsift::io::safetensors_file::from_bytes(safetensors_image(wrong, 16, wrong.size()), "t"),
+                  "tensor \"w\" byte length", "8", "12 bytes for F32");
+  const std::string ok = R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  REQUIRE_NOTHROW(kvsift::io::safetensors_file::from_bytes(safetensors_image(ok, 8, ok.size()), "t"));
+}
+
+TEST_CASE("attention::attend_plan: a plan longer than the store or past its slots", "[bad_input][attention]") {
+  store_t s(kShape, 2, 16);
+  populate(s);  // request 1 layer 0: 4 tokens per head
+  const auto q = filled<float>(4 * 4, 0.1f);
+  std::vector<float> out(16, -7.0f);
+  const auto out_before = out;
+  kvsift::index_sets plan;
+  plan.push_back(std::vector<std::int32_t>{0, 1, 2, 3});
+  plan.push_back(std::vector<std::int32_t>{0, 1, 2, 3, 4, 5});  // 6 slots, 4 resident
+  REQUIRE_REJECTS(s, kvsift::attention::attend_plan(s, 1, 0, q.data(), plan, out.data()), "plan[1][4]");
+  REQUIRE_MESSAGE(kvsift::attention::attend_plan(s, 1, 0, q.data(), plan, out.data()), "plan[1][4]", "4",
+                  "a resident slot in [0, 4)");
+  REQUIRE(out == out_before);
+  kvsift::index_sets one;
+  one.push_back(std::vector<std::int32_t>{0});  // one segment for 2 KV heads
+  REQUIRE_MESSAGE(kvsift::attention::attend_plan(s, 1, 0, q.data(), one, out.data()), "first_segment", "0",
+                  "kv_heads = 2");
+  plan.values.assign(plan.values.size(), 0);
+  REQUIRE_MESSAGE(kvsift::attention::attend_plan(s, 2, 0, q.data(), plan, out.data()), "request", "2", "in [0, 2)");
+  REQUIRE_MESSAGE(kvsift::attention::attend_plan(s, 1, 5, q.data(), plan, out.data()), "layer", "5", "in [0, 2)");
+  REQUIRE(out == out_before);
+}
+
+TEST_CASE("store retain with more slots than resident; tiered retain and promote past the pool",
+          "[bad_input][store][tiered]") {
+  auto t = tiered_prompt();
+  kvsift::index_sets longer;
+  longer.push_back(std::vector<std::int32_t>{0, 1, 2, 3, 4});  // 4 resident on head 0
+  longer.push_back(std::vector<std::int32_t>{0});
+  REQUIRE_REJECTS_TIERED(t, t.retain(0, 0, longer), "kept[0][4]");
+  REQUIRE_MESSAGE(t.retain(0, 0, longer), "kept[0][4]", "4", "in [0, 4)");
+  kvsift::index_sets three;
+  for (int i = 0; i < 3; ++i) three.push_back(std::vector<std::int32_t>{0});
+  REQUIRE_REJECTS_TIERED(t, t.retain(0, 0, three), "kept.segments");
+  const std::vector<std::int32_t> past{0, 12};  // the host pool holds positions 0..11
+  REQUIRE_REJECTS_TIERED(t, t.promote(0, past), "positions[1]");
+  REQUIRE_MESSAGE(t.promote(0, past), "positions[1]", "12", "host pool");
+  REQUIRE_NOTHROW(t.verify());
+}
+
+TEST_CASE("method.attend over a plan after the store shrank under it", "[bad_input][attention][method]") {
+  // decode() plans 5 slots; retaining fewer before attend() makes the plan longer than the store
+  store_t s(kShape, 1, 16);
+  kvsift::full_kv<store_t> m(s, {});
+  const prompt p4(4);
+  m.prefill(0, p4.chunk(0, 0));
+  const auto q = filled<float>(4 * 4, 0.1f);
+  const auto k = filled<float>(2 * 4, 0.2f);
+  const kvsift::decode_token<float> t{0, q.data(), k.data(), k.data()};
+  m.decode(0, t);
+  kvsift::index_sets kept;
+  kept.push_back(std::vector<std::int32_t>{0, 1});
+  kept.push_back(std::vector<std::int32_t>{0, 1});
+  s.retain(0, 0, kept);
+  std::vector<float> out(16, 0.0f);
+  REQUIRE_REJECTS(s, m.attend(0, std::span(&t, 1), out.data()), "plan[0][2]");
+  REQUIRE_MESSAGE(m.attend(0, std::span(&t, 1), out.data()), "plan[0][2]", "2", "a resident slot in [0, 2)");
+}
+
+TEST_CASE("attention::causal: q heads not a multiple of kv heads, head_dim and index mismatches",
+          "[bad_input][attention][shape]") {
+  const auto k = filled<float>(6 * 2 * 4, 0.2f);
+  const auto q3 = filled<float>(2 * 3 * 4, 0.1f);
+  const auto q4 = filled<float>(2 * 4 * 4, 0.1f);
+  std::vector<float> out(2 * 4 * 4, 0.0f);
+  using fview = kvsift::kv_view<const float, kvsift::nhd>;
+  const auto keys = fview::contiguous(k.data(), 6, 2, 4);
+  REQUIRE_MESSAGE(kvsift::attention::causal(fview::contiguous(q3.data(), 2, 3, 4), 4, keys, keys, out.data()),
+                  "queries.heads", "3", "a multiple of keys.heads = 2");
+  REQUIRE_MESSAGE(kvsift::attention::causal(fview::contiguous(q4.data(), 2, 4, 4), 4, keys,
+                                            fview::contiguous(k.data(), 4, 2, 6), out.data()),
+                  "values.dim", "6", "4");
+  REQUIRE_MESSAGE(kvsift::attention::causal(fview::contiguous(q4.data(), 4, 2, 8), 4, keys, keys, out.data()),
+                  "queries.dim", "8", "4");
+  kvsift::index_sets kept;
+  kept.push_back(std::vector<std::int32_t>{0, 6});
+  kept.push_back(std::vector<std::int32_t>{1});
+  REQUIRE_MESSAGE(kvsift::attention::causal(fview::contiguous(q4.data(), 2, 4, 4), 4, keys, keys, out.data(),
+                                            nullptr, &kept),
+                  "kept[0][1]", "6", "in [0, 6)");
+  REQUIRE(out == std::vector<float>(2 * 4 * 4, 0.0f));
+}
+
+TEST_CASE("head_dim of a chunk against the store, q heads against kv heads in a method",
+          "[bad_input][shape][method]") {
+  kvsift::store::tiered<float> t(kShape, 1, 64);
+  kvsift::synckv<float> m(t, {.clusters = 1, .memory_fraction = 0.6, .roles = {{{0, 0}, {0}}, {{0, 0}, {0}}}});
+  const auto k8 = filled<float>(8 * 2 * 8, 0.2f);
+  const auto q = filled<float>(8 * 4 * 4, 0.1f);
+  kvsift::prefill_chunk<float> c{.request = 0,
+                                 .keys = view<float>::contiguous(k8.data(), 8, 2, 8),
+                                 .values = view<float>::contiguous(k8.data(), 8, 2, 8),
+                                 .queries = view<float>::contiguous(q.data(), 8, 4, 4)};
+  REQUIRE_REJECTS_TIERED(t, m.prefill(0, c), "keys.dim");
+  REQUIRE_MESSAGE(m.prefill(0, c), "keys.dim", "8", "4");
+  c.keys = c.values = view<float>::contiguous(k8.data(), 8, 2, 4);
+  c.queries = view<float>::contiguous(q.data(), 8, 3, 4);  // 3 query heads, the model has 4
+  REQUIRE_MESSAGE(m.prefill(0, c), "queries.heads", "3", "4");
+  auto bad = kShape;
+  bad.q_heads = 6;
+  bad.kv_heads = 4;  // 6 % 4 != 0
+  REQUIRE_MESSAGE((kvsift::store::tiered<float>(bad, 1, 16)), "shape.q_heads", "6", "kv_heads");
+}
+
+TEST_CASE("page sizes that do not divide: paged store, Quest, FreeKV", "[bad_input][pages]") {
+  // Quest's selector pages must be the scorer's (and a paged store's) page size
+  using pq = kvsift::store::paged<float>;
+  auto qp = kvsift::quest_params<pq>(64, 16);
+  qp.selector.page_size = 12;
+  REQUIRE_MESSAGE(kvsift::quest<pq>::can_implement(kShape, qp), "selector.page_size", "12", "16");
+  // FreeKV: sink and window whole pages of the selector, the store's page equal to it
+  kvsift::select::freekv_pages fp{{.page_size = 8, .sink = 12, .window = 16}};
+  REQUIRE_MESSAGE(fp.validate("t"), "sink", "12", "multiple");
+  kvsift::select::freekv_pages ok{{.page_size = 8, .sink = 8, .window = 16}};
+  kvsift::index_sets kept;
+  const auto s = scores_of({{1, 2, 3, 4, 5, 6}});
+  REQUIRE_MESSAGE(ok.select(s, std::vector<int>{36}, kept), "budgets[0]", "36", "whole pages");
+  kvsift::store::tiered<float> t(kShape, 1, 64, 8);
+  REQUIRE_MESSAGE((kvsift::freekv<float>(t, {.page_size = 8, .budget = 64, .sink = 8, .window = 12})),
+                  "window", "12", "8");
+  // a page of zero tokens for a paged store
+  REQUIRE_MESSAGE((kvsift::store::paged<float>(kShape, 1, 0, 4)), "page_size", "0", "> 0");
+}
+
+TEST_CASE("freekv.prefill: chunks of one request going backwards are rejected before any append",
+          "[bad_input][freekv][tiered]") {
+  kvsift::store::tiered<float> t(kShape, 1, 64, 4);
+  kvsift::freekv<float> m(t, {.page_size = 4, .budget = 12, .sink = 4, .window = 4});
+  const prompt p8(8);
+  const std::vector<kvsift::prefill_chunk<float>> backwards{p8.chunk(0, 0, false), p8.chunk(0, 4)};
+  REQUIRE_REJECTS_TIERED(t, m.prefill(0, backwards), "first_position");
+  REQUIRE_MESSAGE(m.prefill(0, backwards), "first_position", "4", ">= 8");
+  auto empty = p8.chunk(0, 0);
+  empty.keys.tokens = empty.values.tokens = empty.queries.tokens = 0;
+  REQUIRE_REJECTS_TIERED(t, m.prefill(0, empty), "keys.tokens");
+  REQUIRE_NOTHROW(m.prefill(0, p8.chunk(0, 0)));
+}

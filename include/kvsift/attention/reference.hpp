@@ -12,6 +12,7 @@
 #include <kvsift/cpu/parallel.hpp>
 
 #include <cmath>
+#include <string>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -48,6 +49,31 @@ template <class Store>
 void attend_plan(const Store& store, int request, int layer, const float* q,
                  const index_sets& plan, float* out, int first_segment = 0) {
   const model_shape& sh = store.shape();
+  {  // the boundary: the plan must name resident slots of (request, layer); O(slots) to check
+    constexpr std::string_view where = "attention::attend_plan";
+    require(request >= 0 && request < store.requests(), where, "request", request,
+            [&] { return "in [0, " + std::to_string(store.requests()) + ")"; });
+    require(layer >= 0 && layer < sh.layers, where, "layer", layer,
+            [&] { return "in [0, " + std::to_string(sh.layers) + ")"; });
+    require(q != nullptr && out != nullptr, where, q == nullptr ? "q" : "out", "null",
+            "a [q_heads, d] array");
+    require(first_segment >= 0 && first_segment + sh.kv_heads <= plan.segments(), where,
+            "first_segment", first_segment, [&] {
+              return "a run of kv_heads = " + std::to_string(sh.kv_heads) +
+                     " segments within the plan's " + std::to_string(plan.segments());
+            });
+    for (int h = 0; h < sh.kv_heads; ++h) {  // this request's segments only
+      const int n = store.length(sh.sequence(request, layer, h));
+      const auto seg = plan[first_segment + h];
+      for (std::size_t i = 0; i < seg.size(); ++i) {
+        require(seg[i] >= 0 && seg[i] < n, where,
+                [&] {
+                  return "plan[" + std::to_string(first_segment + h) + "][" + std::to_string(i) + "]";
+                },
+                seg[i], [&] { return "a resident slot in [0, " + std::to_string(n) + ")"; });
+      }
+    }
+  }
   const int G = sh.group_size();
   const int d = sh.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -98,6 +124,23 @@ template <class T, class L>
 void causal(kv_view<const float, nhd> queries, int first_query_position, kv_view<const T, L> keys,
             kv_view<const T, L> values, float* out, float* weights = nullptr,
             const index_sets* kept = nullptr) {
+  {
+    constexpr std::string_view where = "attention::causal";
+    require(keys.heads > 0 && queries.heads % keys.heads == 0, where, "queries.heads",
+            queries.heads, [&] {
+              return "a multiple of keys.heads = " + std::to_string(keys.heads) + " (GQA groups)";
+            });
+    queries.validate(where, "queries", queries.heads, keys.dim);
+    values.validate(where, "values", keys.heads, keys.dim);
+    require(values.tokens == keys.tokens, where, "values.tokens", values.tokens,
+            [&] { return "keys.tokens (" + std::to_string(keys.tokens) + ")"; });
+    require(out != nullptr, where, "out", "null", "a [nq, q_heads, d] array");
+    if (kept != nullptr) {
+      require(kept->segments() == keys.heads, where, "kept.segments", kept->segments(),
+              [&] { return "one set per KV head (" + std::to_string(keys.heads) + ")"; });
+      validate_index_sets(*kept, [&](int) { return keys.tokens; }, where, "kept");
+    }
+  }
   const int d = queries.dim;
   const int n = keys.tokens;
   const int nq = queries.tokens;

@@ -119,4 +119,25 @@ void validate_finite(const score_sets& scores, First&& first, Last&& last, std::
   }
 }
 
+// Checks that no scores[s][j], j in [first(s), last(s)), is NaN. Every top-k selector runs it
+// (check_finite or not): NaN compares neither above nor below anything, so a top-k over it is no
+// ordering at all (std::nth_element's result is then unspecified: a wrong set, silently).
+// Infinities order fine and stay allowed (score::lag marks unscored slots +inf). One pass over
+// the candidates, before anything is written.
+template <class First, class Last>
+void validate_not_nan(const score_sets& scores, First&& first, Last&& last, std::string_view where,
+                      std::string_view arg) {
+  for (int s = 0; s < scores.segments(); ++s) {
+    const auto seg = scores[s];
+    const int e = std::min(last(s), static_cast<int>(seg.size()));
+    for (int j = std::max(first(s), 0); j < e; ++j) {
+      if (std::isnan(seg[j])) [[unlikely]] {
+        throw make_error(where, std::string(arg) + "[" + std::to_string(s) + "][" +
+                                    std::to_string(j) + "]",
+                         seg[j], "a score that is not NaN (NaN keys or queries upstream?)");
+      }
+    }
+  }
+}
+
 }  // namespace kvsift

@@ -187,6 +187,10 @@ inline void store_u16(std::byte* p, std::uint16_t v) noexcept {
 // A safetensors file read into memory. Cheap to move; tensors are views into one buffer.
 class safetensors_file {
  public:
+  // The largest header read, as the reference implementation (safetensors' MAX_HEADER_SIZE):
+  // a larger length field is a corrupt or hostile file, rejected before any parse.
+  static constexpr std::uint64_t max_header_bytes = 100'000'000;
+
   // Reads and validates `path`. Throws kvsift::error if the file cannot be opened, is shorter
   // than its header says, has malformed JSON, or a tensor's byte range is out of bounds or
   // disagrees with its dtype and shape.
@@ -215,6 +219,9 @@ class safetensors_file {
     for (int i = 7; i >= 0; --i) {
       hlen = (hlen << 8) | std::to_integer<std::uint64_t>(buf[static_cast<std::size_t>(i)]);
     }
+    require(hlen <= max_header_bytes, where, "header length", hlen,
+            "at most " + std::to_string(max_header_bytes) +
+                " bytes (the safetensors format's header limit)");
     require(hlen <= buf.size() - 8, where, "header length", hlen,
             "at most the " + std::to_string(buf.size() - 8) +
                 " bytes after the length field; the file is truncated");

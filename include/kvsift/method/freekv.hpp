@@ -159,12 +159,22 @@ class freekv {
     const auto& sh = store_->shape();
     check_layer(where, layer);
     std::vector<int> room(static_cast<std::size_t>(store_->requests()), -1);
+    std::vector<std::int32_t> next(static_cast<std::size_t>(store_->requests()), -1);
     for (const auto& c : chunks) {
       check_request(where, c.request);
       c.keys.validate(where, "keys", sh.kv_heads, sh.head_dim);
       c.values.validate(where, "values", sh.kv_heads, sh.head_dim);
       if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
       require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens, "keys.tokens");
+      require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
+      require_finite(where, c, true);
+      // positions ascend across a request's chunks (checked here: the store would reject a
+      // later chunk only after the earlier ones were appended)
+      auto& first = next[c.request];
+      if (first < 0) first = store_->next_position(c.request, layer);
+      require(c.first_position >= first, where, "first_position", c.first_position,
+              ">= " + std::to_string(first));
+      first = c.first_position + c.keys.tokens;
       require(!pending_[slot(c.request, layer)].ticket, where, "request", c.request,
               "a request not decoding (reset it first)");
       int& left = room[c.request];
@@ -220,12 +230,14 @@ class freekv {
     const auto& sh = store_->shape();
     check_layer(where, layer);
     std::vector<char> seen(static_cast<std::size_t>(store_->requests()), 0);
-    for (const auto& t : tokens) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const auto& t = tokens[i];
       check_request(where, t.request);
       require(!seen[t.request], where, "request", t.request, "at most one token per request");
       seen[t.request] = 1;
       require(t.query != nullptr && t.key != nullptr && t.value != nullptr, where,
               "query/key/value", "null", "[q_heads, d] and [kv_heads, d] arrays");
+      require_finite(where, i, t, sh, true);
       require(store_->host_length(t.request, layer) < store_->host_capacity(), where, "request",
               t.request, "a head-sequence with room for one more token in the host pool");
     }

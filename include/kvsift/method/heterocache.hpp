@@ -304,6 +304,7 @@ class heterocache {
               "[kv_heads, d] arrays");
       require(t.query != nullptr, where, "query", "null",
               "a [q_heads, d] array (HeteroCache's drift check scores it)");
+      require_finite(where, i, t, sh, true);
       require(state_[rl(t.request, layer)].prompt_end >= 0, where, "request", t.request,
               "a request whose prompt ended on this layer (prefill with last = true first)");
       require(store_->host_length(t.request, layer) < store_->host_capacity(), where, "request",

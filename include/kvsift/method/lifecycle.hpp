@@ -9,7 +9,13 @@
 #include <kvsift/core/segments.hpp>
 #include <kvsift/core/view.hpp>
 
+#include <kvsift/core/error.hpp>
+#include <kvsift/core/shape.hpp>
+
+#include <cmath>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvsift {
@@ -58,6 +64,61 @@ struct attention_plan {
   index_sets pages;           // page-level methods: [R * kv_heads] selected pages (every page in
                               // a dense layer); empty otherwise
 };
+
+// Non-finite activations are rejected at the lifecycle boundary (prefill, decode), before
+// anything is appended: a NaN or infinite key, value or query makes every score and attention
+// output that reads it NaN, and selections over NaN are no selection (select::topk and the other
+// selectors reject NaN scores too, but by then the token would be in the store). One pass over
+// what the call hands over, the same order as copying it.
+namespace detail {
+template <class T>
+void require_finite_row(std::string_view where, std::string_view arg, const T* row, int n) {
+  for (int j = 0; j < n; ++j) {
+    const float x = to_float(row[j]);
+    if (!std::isfinite(x)) [[unlikely]] {
+      throw make_error(where, std::string(arg) + "[" + std::to_string(j) + "]", x,
+                       "a finite number (NaN/Inf activations poison every score that reads them)");
+    }
+  }
+}
+template <class V>
+void require_finite_view(std::string_view where, std::string_view arg, const V& v) {
+  for (int t = 0; t < v.tokens; ++t) {
+    for (int h = 0; h < v.heads; ++h) {
+      const auto* row = v.row(t, h);
+      for (int j = 0; j < v.dim; ++j) {
+        const float x = to_float(row[j]);
+        if (!std::isfinite(x)) [[unlikely]] {
+          throw make_error(where,
+                           std::string(arg) + "[" + std::to_string(t) + "][" + std::to_string(h) +
+                               "][" + std::to_string(j) + "]",
+                           x, "a finite number (NaN/Inf activations poison every score that reads them)");
+        }
+      }
+    }
+  }
+}
+}  // namespace detail
+
+// A prefill chunk's keys, values and, with `queries` (a scorer that reads them; their view
+// validated), its queries are finite. Call after the views are validated.
+template <Element T>
+void require_finite(std::string_view where, const prefill_chunk<T>& c, bool queries) {
+  detail::require_finite_view(where, "keys", c.keys);
+  detail::require_finite_view(where, "values", c.values);
+  if (queries && c.queries.tokens > 0) detail::require_finite_view(where, "queries", c.queries);
+}
+// tokens[i]'s key, value and, with `query` (a scorer that reads it), query are finite; null
+// pointers are skipped (the caller checks those).
+template <Element T>
+void require_finite(std::string_view where, std::size_t i, const decode_token<T>& t,
+                    const model_shape& sh, bool query) {
+  const auto arg = [&](const char* what) { return "tokens[" + std::to_string(i) + "]." + what; };
+  const int kv = sh.kv_heads * sh.head_dim;
+  if (t.key != nullptr) detail::require_finite_row(where, arg("key"), t.key, kv);
+  if (t.value != nullptr) detail::require_finite_row(where, arg("value"), t.value, kv);
+  if (query && t.query != nullptr) detail::require_finite_row(where, arg("query"), t.query, sh.q_heads * sh.head_dim);
+}
 
 struct method_stats {
   std::int64_t resident_bytes = 0;     // key + value bytes resident in the store's space

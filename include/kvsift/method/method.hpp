@@ -155,6 +155,9 @@ class method {
       require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
       if constexpr (Scorer_::needs_queries) {
         if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
+      }
+      require_finite(where, c, Scorer_::needs_queries);
+      if constexpr (Scorer_::needs_queries) {
         if (scorer_.query_window() < 0) {
           require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
                   "keys.tokens (" + std::to_string(c.keys.tokens) +
@@ -242,6 +245,7 @@ class method {
                 "[kv_heads, d] arrays");
         require(!Scorer_::needs_queries || t.query != nullptr, where, "query", "null",
                 "a [q_heads, d] array (this method's scorer needs queries)");
+        require_finite(where, i, t, sh, Scorer_::needs_queries);
         for (int h = 0; h < sh.kv_heads; ++h) {
           const auto seq = sh.sequence(t.request, layer, h);
           require(store_->length(seq) < store_->capacity(seq), where, "request", t.request,

@@ -194,11 +194,13 @@ class synckv {
     constexpr std::string_view where = "synckv.decode";
     const auto& sh = store_->shape();
     check_layer(where, layer);
-    for (const auto& t : tokens) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const auto& t = tokens[i];
       check_request(where, t.request);
       require(t.key != nullptr && t.value != nullptr, where, "key/value", "null",
               "[kv_heads, d] arrays");
       require(t.query != nullptr, where, "query", "null", "a [q_heads, d] array (SyncKV scores it)");
+      require_finite(where, i, t, sh, true);
       require(state_[rl(t.request, layer)].prompt_end >= 0, where, "request", t.request,
               "a request whose prompt ended on this layer (prefill with last = true first)");
       require(store_->host_length(t.request, layer) < store_->host_capacity(), where, "request",

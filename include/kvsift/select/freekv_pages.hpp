@@ -65,9 +65,13 @@ struct freekv_pages {
       }
       sizes[s] = std::min(P, B);
     }
-    kept.resize(sizes);
     const int sink = p.sink / p.page_size;
     const int window = p.window / p.page_size;
+    validate_not_nan(
+        scores, [&](int) { return sink; },
+        [&](int s) { return sizes[s] < scores.size(s) ? scores.size(s) - window : 0; }, where,
+        "scores");
+    kept.resize(sizes);
     cpu::parallel_for(scores.segments(), [&](std::int64_t s64) {
       const int s = static_cast<int>(s64);
       const int P = scores.size(s);

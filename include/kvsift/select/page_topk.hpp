@@ -23,7 +23,7 @@ struct page_topk {
   struct params {
     int page_size = 16;
     int min_pages = 3;
-    bool check_finite = false;  // reject NaN/inf among the complete pages' scores
+    bool check_finite = false;  // reject inf too among the complete pages' scores (NaN always is)
   };
   params p{};
 
@@ -43,10 +43,12 @@ struct page_topk {
       require(budgets[s] >= 0, "select::page_topk", [s] { return "budgets[" + std::to_string(s) + "]"; },
               budgets[s], [] { return std::string(">= 0"); });
     }
+    const auto first = [](int) { return 0; };
+    const auto last = [&](int s) { return std::max(0, scores.size(s) - 1); };
     if (p.check_finite) {
-      validate_finite(
-          scores, [](int) { return 0; }, [&](int s) { return std::max(0, scores.size(s) - 1); },
-          "select::page_topk", "scores");
+      validate_finite(scores, first, last, "select::page_topk", "scores");
+    } else {  // NaN is never a score: a top-k over it picks an unspecified set
+      validate_not_nan(scores, first, last, "select::page_topk", "scores");
     }
     std::vector<int> sizes(static_cast<std::size_t>(scores.segments()));
     for (int s = 0; s < scores.segments(); ++s) {

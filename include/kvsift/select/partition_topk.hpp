@@ -79,6 +79,9 @@ struct partition_topk {
       sizes[s] = parts[s] >= 2 ? n - (parts[s] - 1) * (L - k) : n;
       rounds = std::max(rounds, parts[s] >= 2 ? parts[s] - 1 : 0);
     }
+    validate_not_nan(
+        scores, [&](int s) { return bases[s]; },
+        [&](int s) { return parts[s] >= 2 ? bases[s] + (parts[s] - 1) * L : 0; }, where, "scores");
     kept.resize(sizes);
     cpu::parallel_for(scores.segments(), [&](std::int64_t s64) {
       const int s = static_cast<int>(s64);

@@ -51,6 +51,8 @@ struct static_dynamic {
     for (std::size_t s = 0; s < budgets.size(); ++s) {
       require(budgets[s] >= 0, where, "budgets[" + std::to_string(s) + "]", budgets[s], ">= 0");
     }
+    validate_not_nan(scores, [](int) { return 0; }, [&](int s) { return scores.size(s); }, where,
+                     "scores");
   }
 
   // kept[s] = static ∪ dynamic = the top min(budget, n), ascending.
@@ -105,6 +107,8 @@ struct static_dynamic {
               "in [0, " + std::to_string(scores.size(s)) + "]");
       require(k_dyn[s] >= 0, where, "k_dyn[" + std::to_string(s) + "]", k_dyn[s], ">= 0");
     }
+    validate_not_nan(scores, [](int) { return 0; }, [&](int s) { return limits[s]; }, where,
+                     "scores");
     dynamic_sets.clear();
     std::vector<std::int32_t> cand, picked;
     for (int s = 0; s < scores.segments(); ++s) {

@@ -29,7 +29,7 @@ struct topk {
     int sink = 0;
     int window = 0;
     double window_share = 0.0;
-    bool check_finite = false;  // reject NaN/inf among the candidate scores (protected ones ignored)
+    bool check_finite = false;  // reject inf too among the candidate scores (NaN always is; protected ones ignored)
   };
   params p{};
 
@@ -62,13 +62,15 @@ struct topk {
         });
       }
     }
+    // the candidates between sink and window: finite when asked, never NaN
+    const auto first = [&](int s) { return budgets[s] < scores.size(s) ? p.sink : 0; };
+    const auto last = [&](int s) {
+      return budgets[s] < scores.size(s) ? scores.size(s) - window_for(budgets[s]) : 0;
+    };
     if (p.check_finite) {
-      validate_finite(
-          scores, [&](int s) { return budgets[s] < scores.size(s) ? p.sink : 0; },
-          [&](int s) {
-            return budgets[s] < scores.size(s) ? scores.size(s) - window_for(budgets[s]) : 0;
-          },
-          where, "scores");
+      validate_finite(scores, first, last, where, "scores");
+    } else {
+      validate_not_nan(scores, first, last, where, "scores");
     }
   }
 
