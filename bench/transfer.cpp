@@ -6,7 +6,8 @@
 //   BM_transfer/recall_pages/<model>/<dtype>/n<rows>            whole pages (one block copy each)
 //   BM_transfer/recall_pages_staged/...                         the same through the two staging buffers
 //   BM_transfer/recall_tokens/<model>/<dtype>/n<rows>           scattered single tokens
-//   BM_transfer/recall_install_pages/...                        recall + install into the working set
+//   BM_transfer/recall_install_pages/...                        recall + install into a working set
+//                                                               holding a 128-token window
 // Counters: bytes_per_second (K+V bytes recalled), tokens_per_second, memcpy_fraction =
 // bytes_per_second / the memcpy reference of the same size measured in this run. Goal
 // (issue "Method lifecycle for dynamic methods"): recall_pages >= 50% of memcpy on the CPU.
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <stdexcept>
 
 namespace kvbench {
 namespace {
@@ -53,7 +55,7 @@ template <class T>
 void bm_recall(benchmark::State& st, const model& m, int rows, bool pages, bool install,
                bool staged = false) {
   const int page = 32;
-  const int context = std::max(4 * rows, 4096);
+  const int context = std::max(4 * rows, 4096) + 128;  // + the window below
   const kvsift::model_shape shape{1, m.q_heads / m.kv_heads, 1, m.head_dim};
   kvsift::store::tiered<T> store(shape, 1, context, page);
   {
@@ -69,18 +71,33 @@ void bm_recall(benchmark::State& st, const model& m, int rows, bool pages, bool 
   } else {  // every 4th token
     for (int i = 0; i < rows; ++i) positions.push_back(4 * i);
   }
-  kvsift::index_sets none;
-  none.push_back(std::vector<std::int32_t>{});
-  store.retain(0, 0, none);
+  // the working set between recalls: the newest 128 tokens (a decode window; the recalled
+  // pages are older, so an install merges them in before it)
+  kvsift::index_sets window;
+  {
+    std::vector<std::int32_t> slots(128);
+    std::iota(slots.begin(), slots.end(), context - 128);
+    window.push_back(slots);
+  }
+  std::vector<std::int32_t> target = positions;
+  for (int p = context - 128; p < context; ++p) target.push_back(p);
+  store.retain(0, 0, window);
+  {
+    std::vector<std::int32_t> slots(128);  // after an install, the window follows the recalled rows
+    std::iota(slots.begin(), slots.end(), static_cast<std::int32_t>(positions.size()));
+    window = {};
+    window.push_back(slots);
+  }
+  if (positions.back() >= context - 128) throw std::logic_error("bench: recalled rows overlap the window");
   kvsift::transfer::async<T> xfer({.staged = staged});
   for (auto _ : st) {
     const auto t = xfer.submit(store, {{0, positions}});
     const auto& landed = xfer.wait(t);
-    if (install) store.install(0, positions, landed);
+    if (install) store.install(0, target, landed);
     xfer.release(t);
     if (install) {
       st.PauseTiming();
-      store.retain(0, 0, none);
+      store.retain(0, 0, window);  // back to the window (slots after the recalled rows)
       st.ResumeTiming();
     }
   }

@@ -306,3 +306,78 @@ TEST_CASE("tiered: a random walk of demotes, promotes and recalls keeps every in
   }
   REQUIRE(xfer.outstanding() == 0);
 }
+
+TEST_CASE("async: a waiting thread copies the claims the worker has not taken; rows are the pool's",
+          "[tiered][async][tsan]") {
+  // Many small claims, waited on at once: the worker and the waiting thread split them (which
+  // one copies what varies from run to run); every row must still be the pool's, every time.
+  kvsift::store::tiered<float> s(shape, 1, 512, 16);
+  append(s, 0, 0, 0, 500);
+  const auto seq = shape.sequence(0, 0, 1);
+  s.retain(0, 0, keep_every(shape.kv_heads, {499}));
+  const int chunk = GENERATE(1, 3, 64);
+  CAPTURE(chunk);
+  kvsift::transfer::async<float> xfer({.chunk_rows = chunk});
+  std::vector<std::int32_t> want;
+  for (int p = 0; p < 499; p += (p % 32 < 16 ? 1 : 7)) want.push_back(p);  // pages and scattered
+  for (int round = 0; round < 20; ++round) {
+    const auto t = xfer.submit(s, {{seq, want}});
+    const auto& landed = xfer.wait(t);
+    REQUIRE(landed.positions[0].size() == want.size());
+    bool same = true;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const int index = s.host_index(0, 0, want[i]);
+      same = same && std::memcmp(landed.key(0, static_cast<int>(i)), s.host_key(seq, index), 8 * sizeof(float)) == 0 &&
+             std::memcmp(landed.value(0, static_cast<int>(i)), s.host_value(seq, index), 8 * sizeof(float)) == 0;
+    }
+    REQUIRE(same);
+    xfer.release(t);
+  }
+  REQUIRE(xfer.stats().recalls_completed == 20);
+  REQUIRE(xfer.bytes_moved() == 20 * static_cast<std::int64_t>(want.size() * 2 * 8 * sizeof(float)));
+  // cancelled while the worker may be half way through: nothing changes, nothing is left over
+  const auto before = snapshot(s);
+  for (int round = 0; round < 20; ++round) xfer.cancel(xfer.submit(s, {{seq, want}}));
+  REQUIRE(snapshot(s) == before);
+  REQUIRE(xfer.outstanding() == 0);
+  REQUIRE(xfer.stats().recalls_cancelled == 20);
+}
+
+TEST_CASE("tiered: install merges in place — kept rows keep their bytes, recalled rows land between",
+          "[tiered]") {
+  kvsift::store::tiered<float> s(shape, 1, 256, 16);
+  append(s, 0, 1, 0, 200);
+  const auto seq = shape.sequence(0, 1, 0);
+  // resident: every 10th token; recall the ones between some of them, drop others
+  std::vector<std::int32_t> resident;
+  for (int p = 0; p < 200; p += 10) resident.push_back(p);
+  std::vector<std::int32_t> target;
+  for (int p = 0; p < 200; ++p)
+    if ((p % 10 == 0 && p % 30 != 0) || (p > 45 && p < 60) || p == 199) target.push_back(p);
+  index_sets keep;
+  for (int h = 0; h < shape.kv_heads; ++h) {
+    std::vector<std::int32_t> slots;
+    for (const auto p : resident) slots.push_back(p);  // slot == position before any demotion
+    keep.push_back(slots);
+  }
+  s.retain(0, 1, keep);
+  REQUIRE(resident_positions(s, seq) == resident);
+  std::vector<std::int32_t> missing;
+  for (const auto p : target)
+    if (!s.resident(seq, p)) missing.push_back(p);
+  kvsift::transfer::async<float> xfer;
+  const auto t = xfer.submit(s, {{seq, missing}});
+  const auto moved_before = s.stats().bytes_to_device;
+  s.install(seq, target, xfer.wait(t));
+  xfer.release(t);
+  REQUIRE(resident_positions(s, seq) == target);
+  REQUIRE(s.stats().bytes_to_device - moved_before ==
+          static_cast<std::int64_t>(missing.size()) * 2 * 8 * static_cast<std::int64_t>(sizeof(float)));
+  REQUIRE_NOTHROW(s.verify());  // every row byte-equal to the pool's
+  // shrinking to a few rows gives the buffers' memory back; growing again still verifies
+  s.promote(seq, std::vector<std::int32_t>{199});
+  REQUIRE(resident_positions(s, seq) == std::vector<std::int32_t>{199});
+  s.promote(seq, target);
+  REQUIRE(resident_positions(s, seq) == target);
+  REQUIRE_NOTHROW(s.verify());
+}

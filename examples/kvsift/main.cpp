@@ -58,6 +58,11 @@ void usage() {
       "      runs a real model's evaluation prompts with each method and budget (defaults: the\n"
       "      shipped data/tiny-recall model and data/eval prompts, every method, budget 0.25);\n"
       "      `kvsift eval --help` lists the defaults.\n"
+      "  trace --model DIR --prompts F.jsonl [--steps T] --out FILE.safetensors\n"
+      "      runs prompts plus T decode steps and writes what calibration needs (docs/calibration.md).\n"
+      "  calibrate --method synckv|heterocache --model DIR (--prompts F.jsonl | --traces FILE)\n"
+      "            [--steps T] --out roles.json\n"
+      "      computes head roles offline (METHODS.md's profiling) and writes a head-roles file.\n"
       "  help  this text");
 }
 

@@ -14,7 +14,8 @@
 //                reset(request). Demoting a token therefore moves no bytes.
 //   working set  per head-sequence, its resident rows [n_resident, d] of K and of V plus their
 //                original positions, in a SEPARATE allocation (the bytes are real: a demoted
-//                token's row is released, and resident_bytes() counts only what is resident).
+//                token's row leaves it, its buffers shrink once less than half is in use, and
+//                resident_bytes() counts only what is resident).
 //
 // Decision, DESIGN §2 / issue "Method lifecycle for dynamic methods": the working set is kept
 // sorted by original position at all times — slot order is position order — also after a
@@ -32,8 +33,12 @@
 // appended to, so a recall in flight reads rows that no other call writes. reset(request) must
 // not run while a recall of that request is in flight (the methods cancel theirs first).
 //
-// Cost: append writes each row twice (pool and working set); retain moves only kept rows;
-// promote/install copy each missing row once and move each kept row once.
+// Cost: append writes each row twice (pool and working set); retain, promote and install work in
+// place in the working set's buffers (no allocation once they reached their high-water mark):
+// retain moves kept rows down over demoted ones; promote/install copy each missing row once and
+// move a kept row only if a recalled row lands before it (a merge from the back). A working set
+// that falls below half its capacity gives the memory back (shrink), so the device tier holds
+// about what is resident, not the prompt it once held.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/element.hpp>
@@ -43,10 +48,14 @@
 #include <kvsift/core/view.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace kvsift::store {
@@ -215,8 +224,6 @@ class tiered {
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto seq = shape_.sequence(request, layer, h);
       auto& w = work_[seq];
-      w.keys.reserve(w.keys.size() + k.tokens * row);
-      w.values.reserve(w.values.size() + k.tokens * row);
       for (int t = 0; t < k.tokens; ++t) {
         std::memcpy(host_row_mut(seq, have + t, 0), k.row(t, h), row * sizeof(T));
         std::memcpy(host_row_mut(seq, have + t, 1), v.row(t, h), row * sizeof(T));
@@ -232,7 +239,7 @@ class tiered {
   }
 
   // Keeps, for each KV head h of (request, layer), exactly the working-set slots kept[h]
-  // (ascending) and demotes the others: they leave the working set (their rows are released) and
+  // (ascending) and demotes the others: they leave the working set (kept rows move down over them) and
   // stay in the host pool, from where promote()/install() can bring them back.
   void retain(int request, int layer, const index_sets& kept) {
     constexpr std::string_view where = "store::tiered.retain";
@@ -241,13 +248,17 @@ class tiered {
             "one segment per KV head (" + std::to_string(shape_.kv_heads) + ")");
     validate_index_sets(
         kept, [&](int h) { return length(shape_.sequence(request, layer, h)); }, where, "kept");
+    const int d = shape_.head_dim;
     for (int h = 0; h < shape_.kv_heads; ++h) {
       auto& w = work_[shape_.sequence(request, layer, h)];
       const auto slots = kept[h];
-      working_rows next;
-      next.reserve(slots.size(), shape_.head_dim);
-      for (const int s : slots) next.push(w, s, shape_.head_dim);
-      w = std::move(next);
+      // slots ascend, so slot slots[j] >= j: moving rows down in order never overwrites a row
+      // still to be moved
+      for (std::size_t j = 0; j < slots.size(); ++j) {
+        if (static_cast<std::size_t>(slots[j]) != j) w.move_row(slots[j], static_cast<int>(j), d);
+      }
+      w.resize(slots.size(), d);
+      w.release_slack();
     }
   }
 
@@ -280,10 +291,11 @@ class tiered {
               "a position that is resident or in the completed recall of head-sequence " +
                   std::to_string(seq));
     }
+    auto i = static_cast<std::ptrdiff_t>(landed.size()) - 1;  // rebuild fetches descending positions
     rebuild(seq, positions, [&](std::int32_t pos, T* k, T* v) {
-      const int i = static_cast<int>(std::lower_bound(landed.begin(), landed.end(), pos) - landed.begin());
-      std::memcpy(k, from.key(r, i), row_bytes());
-      std::memcpy(v, from.value(r, i), row_bytes());
+      while (landed[static_cast<std::size_t>(i)] > pos) --i;
+      std::memcpy(k, from.key(r, static_cast<int>(i)), row_bytes());
+      std::memcpy(v, from.value(r, static_cast<int>(i)), row_bytes());
     });
     ++counters_.installs;
   }
@@ -358,22 +370,58 @@ class tiered {
   }
 
  private:
+  // Rows of a working set are written right after they are made room for: a buffer that does not
+  // zero-fill them first writes each byte once (the allocator's value-less construct()
+  // default-initialises).
+  template <class U>
+  struct uninitialised_allocator : std::allocator<U> {
+    template <class V>
+    struct rebind {
+      using other = uninitialised_allocator<V>;
+    };
+    uninitialised_allocator() = default;
+    template <class V>
+    uninitialised_allocator(const uninitialised_allocator<V>&) noexcept {}
+    template <class V>
+    void construct(V* p) noexcept(std::is_nothrow_default_constructible_v<V>) {
+      ::new (static_cast<void*>(p)) V;
+    }
+    template <class V, class... A>
+    void construct(V* p, A&&... a) {
+      ::new (static_cast<void*>(p)) V(std::forward<A>(a)...);
+    }
+  };
+  template <class U>
+  using row_vector = std::vector<U, uninitialised_allocator<U>>;
+
   // The working set of one head-sequence: rows in position order.
   struct working_rows {
-    std::vector<T> keys, values;          // [n, d]
-    std::vector<std::int32_t> positions;  // [n] ascending
+    row_vector<T> keys, values;          // [n, d]
+    row_vector<std::int32_t> positions;  // [n] ascending
     [[nodiscard]] int length() const { return static_cast<int>(positions.size()); }
-    void reserve(std::size_t n, int d) {
-      keys.reserve(n * d);
-      values.reserve(n * d);
-      positions.reserve(n);
+    void resize(std::size_t n, int d) {
+      keys.resize(n * d);
+      values.resize(n * d);
+      positions.resize(n);
     }
-    void push(const working_rows& from, int slot, int d) {
-      const auto* k = from.keys.data() + static_cast<std::size_t>(slot) * d;
-      const auto* v = from.values.data() + static_cast<std::size_t>(slot) * d;
-      keys.insert(keys.end(), k, k + d);
-      values.insert(values.end(), v, v + d);
-      positions.push_back(from.positions[slot]);
+    // Row `from` (key, value, position) to slot `to` (a different slot).
+    void move_row(int from, int to, int d) {
+      const std::size_t bytes = static_cast<std::size_t>(d) * sizeof(T);
+      std::memcpy(keys.data() + static_cast<std::size_t>(to) * d,
+                  keys.data() + static_cast<std::size_t>(from) * d, bytes);
+      std::memcpy(values.data() + static_cast<std::size_t>(to) * d,
+                  values.data() + static_cast<std::size_t>(from) * d, bytes);
+      positions[to] = positions[from];
+    }
+    // Gives memory back once less than half of the buffers is in use (and more than a little
+    // would be freed): the working set's allocation follows what is resident.
+    void release_slack() {
+      const std::size_t n = positions.size();
+      if (positions.capacity() > 2 * n + 64) {
+        keys.shrink_to_fit();
+        values.shrink_to_fit();
+        positions.shrink_to_fit();
+      }
     }
   };
 
@@ -415,28 +463,40 @@ class tiered {
     return {request, layer};
   }
 
-  // New working set = `positions`; resident rows move, missing ones come from `fetch`.
+  // New working set = `positions` (validated: ascending, each resident or fetchable), in place:
+  // first the resident rows that stay move down over the ones that go (as retain), then the
+  // buffers grow to the new size and a merge from the back puts each kept row in its final slot
+  // (a row moves only if a fetched row lands before it) and fetches the missing rows, in
+  // descending position order, straight into their slots.
   template <class Fetch>
   void rebuild(std::int64_t seq, std::span<const std::int32_t> positions, Fetch&& fetch) {
     const int d = shape_.head_dim;
     auto& w = work_[seq];
-    working_rows next;
-    next.keys.resize(positions.size() * static_cast<std::size_t>(d));
-    next.values.resize(positions.size() * static_cast<std::size_t>(d));
-    next.positions.assign(positions.begin(), positions.end());
-    for (std::size_t i = 0; i < positions.size(); ++i) {
-      T* k = next.keys.data() + i * d;
-      T* v = next.values.data() + i * d;
-      const int s = slot_of(seq, positions[i]);
-      if (s >= 0) {
-        std::memcpy(k, w.keys.data() + static_cast<std::size_t>(s) * d, row_bytes());
-        std::memcpy(v, w.values.data() + static_cast<std::size_t>(s) * d, row_bytes());
+    std::ptrdiff_t kept = 0;
+    for (std::size_t s = 0, j = 0; s < w.positions.size(); ++s) {
+      const auto pos = w.positions[s];
+      while (j < positions.size() && positions[j] < pos) ++j;
+      if (j < positions.size() && positions[j] == pos) {
+        if (static_cast<std::ptrdiff_t>(s) != kept) w.move_row(static_cast<int>(s), static_cast<int>(kept), d);
+        ++kept;
+        ++j;
+      }
+    }
+    const auto n = static_cast<std::ptrdiff_t>(positions.size());
+    w.resize(static_cast<std::size_t>(n), d);  // kept <= n: kept rows are among `positions`
+    std::ptrdiff_t i = kept - 1;  // the last kept row not yet placed
+    for (std::ptrdiff_t j = n - 1; j >= 0 && i != j; --j) {  // i == j: the rest is in place
+      if (i >= 0 && w.positions[i] == positions[j]) {
+        w.move_row(static_cast<int>(i), static_cast<int>(j), d);
+        --i;
       } else {
-        fetch(positions[i], k, v);
+        fetch(positions[j], w.keys.data() + static_cast<std::size_t>(j) * d,
+              w.values.data() + static_cast<std::size_t>(j) * d);
+        w.positions[j] = positions[j];
         counters_.bytes_to_device += row_pair_bytes();
       }
     }
-    w = std::move(next);
+    w.release_slack();
   }
 
   model_shape shape_;

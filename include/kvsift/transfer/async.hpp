@@ -9,20 +9,25 @@
 //   store.install(seq, new_resident_set, landed);
 //   xfer.release(t);
 //
-// A worker thread (std::jthread) runs the recalls in submission order. Each recall is streamed
+// A worker thread (std::jthread) runs the recalls in submission order, in claims of chunk_rows
+// rows. A wait() on a recall that is not done yet does not just sleep: it takes the claims the
+// worker has not reached and copies them on the waiting thread (the stall is still counted), so a
+// short recall pays no hand-off latency and a long one is copied by two threads. Each claim of a
+// direct recall copies pool rows straight into the landing. A staged recall is streamed
 // through two staging buffers (the double buffer of FreeKV's recall): a chunk of the host pool's
 // HND page blocks (or of scattered token rows) is copied into one staging buffer while the
 // chunk before it, in the other buffer, is converted HND -> NHD rows into the ticket's landing.
-// On the CPU both stages run on the worker in alternation (the structure the GPU path overlaps:
-// copy engine and conversion kernel, cuda/transfer.cuh). Rows contiguous in the pool (the rows
-// of one page of one head) are copied as one block; scattered tokens row by row.
+// On the CPU both stages run on the worker in alternation, as one claim (the structure the GPU
+// path overlaps: copy engine and conversion kernel, cuda/transfer.cuh). Rows contiguous in the
+// pool (the rows of one page of one head) are copied as one block; scattered tokens row by row.
 //
 // Guarantees (each tested in tests/test_tiered.cpp, TSan-clean under the `tsan` label):
 //  - submit() validates the request (head-sequences, ascending positions in the host pool) on
 //    the calling thread and throws kvsift::error before anything is queued;
 //  - no landing row is readable before its ticket completed: wait() is the only way to the
 //    landing, and it returns after the worker's release store is observed;
-//  - wait() on a ticket that has not completed counts one stall and the time spent waiting;
+//  - wait() on a ticket that has not completed counts one stall and the time spent waiting
+//    (helping included);
 //  - cancel() drops a queued recall, or waits for a running one, and frees its landing; nothing
 //    of either tier changes;
 //  - a recall that fails (an injected fault, an allocation failure) completes with an error:
@@ -34,6 +39,8 @@
 #include <kvsift/core/error.hpp>
 #include <kvsift/store/tiered.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -85,10 +92,16 @@ class async {
     // the staging buffer is one more copy of every byte and buys nothing (bench/transfer.cpp
     // measures both).
     bool staged = false;
+    // How long an idle worker, and a waiting caller whose recall is nearly done, poll before they
+    // sleep on a condition variable. Waking a sleeping thread is a system call that costs about
+    // as much as copying a 1024-row recall (20 us measured on a virtualised 2-core machine), and
+    // a worker that is still polling when the next recall comes needs no wake-up at all.
+    int spin_us = 50;
   };
 
   explicit async(params p = {}) : p_(p) {
     require(p.chunk_rows > 0, "transfer::async", "chunk_rows", p.chunk_rows, "> 0");
+    require(p.spin_us >= 0, "transfer::async", "spin_us", p.spin_us, ">= 0 microseconds");
     worker_ = std::jthread([this](std::stop_token st) { run(st); });
   }
   async(const async&) = delete;
@@ -116,7 +129,13 @@ class async {
       }
     }
     job->landing.dim = store.shape().head_dim;
+    // Source rows as runs contiguous in the pool (at most one page of one head: the pool's rows
+    // of a page are contiguous, a page's neighbour belongs to another head), split where a claim
+    // of chunk_rows landing rows begins; runs [claim_runs[c], claim_runs[c + 1]) are claim c.
+    const int page = store.page_size();
+    const int chunk = p_.chunk_rows;
     std::int64_t rows = 0;
+    int chunk_left = 0;  // landing rows left in the current chunk
     for (std::size_t r = 0; r < what.size(); ++r) {
       const auto seq = what[r].seq;
       const auto sequences = store.shape().sequences_per_request() * store.requests();
@@ -124,25 +143,44 @@ class async {
               "a head-sequence id in [0, " + std::to_string(sequences) + ")");
       const auto [request, layer] = store.request_layer(seq);
       const auto& pos = what[r].positions;
-      job->sources.reserve(job->sources.size() + pos.size());
-      int hint = 0;
+      int hint = 0, page_left = 0;  // pool rows left in the current run's page after its last row
       for (std::size_t i = 0; i < pos.size(); ++i) {
         // messages are built only on failure: this loop runs once per recalled row
         const int index =
             (i == 0 || pos[i] > pos[i - 1]) ? store.host_index(request, layer, pos[i], hint) : -2;
-        hint = index + 1;
         if (index < 0) {
           throw make_error(where, "what[" + std::to_string(r) + "].positions[" + std::to_string(i) + "]",
                            pos[i],
                            index == -2 ? std::string("ascending positions without duplicates")
                                        : "a position in the host pool of head-sequence " + std::to_string(seq));
         }
-        job->sources.push_back({store.host_key(seq, index), store.host_value(seq, index)});
+        const bool new_chunk = chunk_left == 0;
+        if (new_chunk) {
+          chunk_left = chunk;
+          if (!p_.staged || job->claim_runs.empty()) job->claim_runs.push_back(static_cast<std::uint32_t>(job->runs.size()));
+        }
+        if (i > 0 && !new_chunk && index == hint && page_left > 0) {
+          ++job->runs.back().rows;  // the next row of the run's page
+          --page_left;
+        } else {
+          job->runs.push_back({store.host_key(seq, index), store.host_value(seq, index),
+                               static_cast<std::size_t>(rows), 1});
+          page_left = page - 1 - index % page;
+        }
+        hint = index + 1;
+        --chunk_left;
+        ++rows;
       }
       job->landing.seqs.push_back(seq);
       job->landing.positions.push_back(pos);
-      rows += static_cast<std::int64_t>(pos.size());
     }
+    if (job->claim_runs.empty()) job->claim_runs.push_back(0);  // an empty recall: one empty claim
+    job->claim_runs.push_back(static_cast<std::uint32_t>(job->runs.size()));
+    job->rows = static_cast<std::size_t>(rows);
+    // sized here, so that every claim writes its own rows of it (a reused landing keeps its
+    // capacity: no allocation)
+    job->landing.keys.resize(static_cast<std::size_t>(rows) * job->landing.dim);
+    job->landing.values.resize(static_cast<std::size_t>(rows) * job->landing.dim);
     {
       std::lock_guard lock(mu_);
       if (fault_ == fault::submit_fails) {
@@ -151,10 +189,12 @@ class async {
                          "a recall the transfer can allocate (injected fault: submit_fails)");
       }
       job->fail_half_way = fault_ == fault::copy_fails;
+      job->claims = static_cast<int>(job->claim_runs.size()) - 1;
       if (job->fail_half_way) fault_ = fault::none;
       job->id = ++last_;
       jobs_[job->id] = job;
       queue_.push_back(job);
+      queued_.store(queue_.size(), std::memory_order_relaxed);
       ++stats_.recalls_issued;
     }
     cv_.notify_all();
@@ -168,13 +208,18 @@ class async {
   }
 
   // Blocks until the recall completed and returns what it brought. A wait that had to block is a
-  // stall. A failed recall throws kvsift::error (the landing is then empty and must be released).
+  // stall; while it waits it copies the claims of its recall the worker has not taken (a paused
+  // worker included: a wait always makes progress). A failed recall throws kvsift::error (the
+  // landing is then empty and must be released).
   const store::landing<T>& wait(ticket t) {
     std::unique_lock lock(mu_);
     auto job = find(t);
     if (!job->done) {
       ++stats_.stalls;
       const auto t0 = std::chrono::steady_clock::now();
+      lock.unlock();
+      help(*job);
+      lock.lock();
       done_cv_.wait(lock, [&] { return job->done; });
       stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
@@ -193,13 +238,19 @@ class async {
     jobs_.erase(t);
   }
 
-  // Drops a recall: a queued one never runs; a running one is waited for. Its landing is freed.
+  // Drops a recall: claims not taken yet never run; claims running are waited for. Its landing is
+  // freed; nothing of either tier changes.
   void cancel(ticket t) {
     std::unique_lock lock(mu_);
     auto job = find(t);
-    if (!job->started) {
-      std::erase(queue_, job);
-      job->done = true;
+    std::erase(queue_, job);
+    queued_.store(queue_.size(), std::memory_order_relaxed);
+    job->cancelled = true;
+    const int taken = std::min(job->next.exchange(job->claims), job->claims);
+    if (taken < job->claims) {
+      lock.unlock();
+      settle(*job, job->claims - taken);  // the claims nobody will run are settled here
+      lock.lock();
     }
     done_cv_.wait(lock, [&] { return job->done; });
     ++stats_.recalls_cancelled;
@@ -209,7 +260,9 @@ class async {
   // Blocks until every recall submitted so far completed (the Transfer concept's wait()).
   void wait() {
     std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    done_cv_.wait(lock, [&] {
+      return std::all_of(jobs_.begin(), jobs_.end(), [](const auto& j) { return j.second->done; });
+    });
   }
 
   // The next recall(s) fail as `f` says (tests of faults in transfer).
@@ -229,8 +282,8 @@ class async {
     return jobs_.size();
   }
 
-  // Test hook: while paused, the worker takes no new recall (lets a test keep a recall in flight
-  // across decode steps deterministically).
+  // Test hook: while paused, the worker starts no recall (lets a test keep a recall in flight
+  // across decode steps deterministically, until a wait() on it copies it itself).
   void pause(bool on) {
     {
       std::lock_guard lock(mu_);
@@ -240,11 +293,27 @@ class async {
   }
 
  private:
+  // Landing rows [first, first + rows) come from `rows` consecutive pool rows from k (keys) and v.
+  struct source_run {
+    const T* k;
+    const T* v;
+    std::size_t first;
+    std::size_t rows;
+  };
   struct recall {
     ticket id = 0;
-    std::vector<std::pair<const T*, const T*>> sources;  // host pool rows, in landing order
+    std::vector<source_run> runs;          // the host pool rows, in landing order
+    std::vector<std::uint32_t> claim_runs;  // [claims + 1]: claim c is runs [c], [c + 1])
+    std::size_t rows = 0;                   // landing rows
     store::landing<T> landing;
-    bool started = false, done = false, fail_half_way = false;
+    int claims = 1;              // claims that make up the copy: chunks of rows (staged: one)
+    std::atomic<int> next{0};    // the next claim to take (>= claims: none left)
+    std::atomic<int> settled{0};  // claims copied, failed or cancelled; the last one completes it
+    std::atomic<bool> ran{false};  // a claim was copied (counts as a completed recall)
+    std::atomic<bool> complete{false};  // `done`, readable without the mutex (polling waits)
+    bool fail_half_way = false;
+    // under mu_:
+    bool done = false, cancelled = false;
     std::string failure;
   };
 
@@ -260,47 +329,85 @@ class async {
     std::vector<T> staging[2];
     for (;;) {
       std::shared_ptr<recall> job;
+      spin_until([&] { return queued_.load(std::memory_order_relaxed) > 0 || st.stop_requested(); });
       {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return stopping_ || st.stop_requested() || (!paused_ && !queue_.empty()); });
         if (stopping_ || st.stop_requested()) return;
         job = queue_.front();
         queue_.pop_front();
-        job->started = true;
-        busy_ = true;
+        queued_.store(queue_.size(), std::memory_order_relaxed);
       }
-      std::string failure;
-      try {
-        copy(*job, staging);
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-      {
-        std::lock_guard lock(mu_);
-        job->failure = failure;
-        if (!failure.empty()) job->landing = {};
-        job->done = true;
-        busy_ = false;
-        ++stats_.recalls_completed;
-        if (failure.empty()) stats_.bytes_moved += job->landing.bytes();
-      }
-      done_cv_.notify_all();
+      work(*job, staging);
     }
   }
 
-  // Stage 1 copies a chunk of source rows into staging[b] ([2, chunk, d]: keys, then values),
-  // one memcpy per run of rows that are contiguous in the pool (a page's rows are: a whole-page
-  // recall is one block copy per side); stage 2 converts the previous chunk, in staging[1 - b],
-  // into the landing's NHD rows.
-  void copy(recall& job, std::vector<T> (&staging)[2]) {
-    const std::size_t d = static_cast<std::size_t>(job.landing.dim);
-    const std::size_t rows = job.sources.size();
-    job.landing.keys.resize(rows * d);
-    job.landing.values.resize(rows * d);
-    if (!p_.staged) {
-      copy_direct(job);
-      return;
+  // Takes claims of `job` and copies them until none is left.
+  void work(recall& job, std::vector<T> (&staging)[2]) {
+    for (int c; (c = job.next.fetch_add(1, std::memory_order_relaxed)) < job.claims;) {
+      try {
+        if (p_.staged) {
+          copy_staged(job, staging);
+        } else {
+          copy_claim(job, c);
+        }
+        job.ran.store(true, std::memory_order_relaxed);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mu_);
+        if (job.failure.empty()) job.failure = e.what();
+      }
+      settle(job, 1);
     }
+  }
+
+  // A waiting thread's share: the claims not taken yet (a staged claim streams through staging
+  // buffers of the waiting thread's own).
+  void help(recall& job) {
+    std::vector<T> staging[2];
+    work(job, staging);
+    // the worker may still be copying its last claim (at most chunk_rows rows): poll briefly
+    // before the caller sleeps on the condition variable
+    spin_until([&] { return job.complete.load(std::memory_order_acquire); });
+  }
+
+  // Polls `ready` for up to spin_us microseconds; returns whether it became true.
+  template <class Ready>
+  bool spin_until(Ready&& ready) const {
+    if (p_.spin_us == 0) return ready();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(p_.spin_us);
+    for (unsigned i = 1;; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return false;
+    }
+  }
+
+  // Counts `n` claims of `job` as settled; the thread that settles the last one completes it.
+  // (Every claim's copies happen-before its settle; the last settle reads them all through the
+  // acq_rel read-modify-write chain, and publishes `done` under the mutex.)
+  void settle(recall& job, int n) {
+    if (job.settled.fetch_add(n, std::memory_order_acq_rel) + n != job.claims) return;
+    {
+      std::lock_guard lock(mu_);
+      job.done = true;
+      job.complete.store(true, std::memory_order_release);
+      const bool ran = job.ran.load(std::memory_order_relaxed);
+      if (!job.failure.empty() || job.cancelled) job.landing = {};
+      if (ran) ++stats_.recalls_completed;
+      if (ran && job.failure.empty() && !job.cancelled) stats_.bytes_moved += job.landing.bytes();
+    }
+    done_cv_.notify_all();
+  }
+
+  // Stage 1 copies a chunk of source rows into staging[b] ([2, chunk, d]: keys, then values),
+  // one memcpy per run (a whole-page recall is one block copy per page and side); stage 2
+  // converts the previous chunk, in staging[1 - b], into the landing's NHD rows. Runs never cross
+  // a chunk (submit splits them there).
+  void copy_staged(recall& job, std::vector<T> (&staging)[2]) {
+    const std::size_t d = static_cast<std::size_t>(job.landing.dim);
+    const std::size_t rows = job.rows;
     const std::size_t chunk = static_cast<std::size_t>(p_.chunk_rows);
     for (auto& s : staging) s.resize(2 * chunk * d);
     std::size_t pending_first = 0, pending_count = 0;
@@ -310,22 +417,17 @@ class async {
       std::memcpy(job.landing.values.data() + first * d, staging[buf].data() + chunk * d,
                   count * d * sizeof(T));
     };
+    std::size_t r = 0;
     for (std::size_t first = 0; first < rows; first += chunk) {
       if (job.fail_half_way && first >= rows / 2) {
         throw std::runtime_error("injected fault: copy_fails after " + std::to_string(first) + " of " +
                                  std::to_string(rows) + " rows");
       }
       const std::size_t count = std::min(chunk, rows - first);
-      for (std::size_t i = 0; i < count;) {
-        std::size_t run = 1;
-        const auto [k, v] = job.sources[first + i];
-        while (i + run < count && job.sources[first + i + run].first == k + run * d &&
-               job.sources[first + i + run].second == v + run * d) {
-          ++run;
-        }
-        std::memcpy(staging[b].data() + i * d, k, run * d * sizeof(T));
-        std::memcpy(staging[b].data() + (chunk + i) * d, v, run * d * sizeof(T));
-        i += run;
+      for (; r < job.runs.size() && job.runs[r].first < first + count; ++r) {
+        const auto& run = job.runs[r];
+        std::memcpy(staging[b].data() + (run.first - first) * d, run.k, run.rows * d * sizeof(T));
+        std::memcpy(staging[b].data() + (chunk + run.first - first) * d, run.v, run.rows * d * sizeof(T));
       }
       if (pending_count > 0) convert(1 - b, pending_first, pending_count);
       pending_first = first;
@@ -338,26 +440,24 @@ class async {
     if (pending_count > 0) convert(1 - b, pending_first, pending_count);
   }
 
-  // Pool rows straight into the landing, one memcpy per contiguous run per side.
-  void copy_direct(recall& job) {
+  // Claim c of a direct recall: its runs from the pool straight into the landing, one memcpy per
+  // run and side.
+  void copy_claim(recall& job, int c) {
     const std::size_t d = static_cast<std::size_t>(job.landing.dim);
-    const std::size_t rows = job.sources.size();
-    for (std::size_t i = 0; i < rows;) {
-      if (job.fail_half_way && i >= rows / 2) {
-        throw std::runtime_error("injected fault: copy_fails after " + std::to_string(i) + " of " +
-                                 std::to_string(rows) + " rows");
-      }
-      std::size_t run = 1;
-      const auto [k, v] = job.sources[i];
-      while (i + run < rows && job.sources[i + run].first == k + run * d &&
-             job.sources[i + run].second == v + run * d) {
-        ++run;
-      }
-      std::memcpy(job.landing.keys.data() + i * d, k, run * d * sizeof(T));
-      std::memcpy(job.landing.values.data() + i * d, v, run * d * sizeof(T));
-      i += run;
+    const std::size_t begin = job.claim_runs[static_cast<std::size_t>(c)];
+    const std::size_t end = job.claim_runs[static_cast<std::size_t>(c) + 1];
+    const std::size_t first = begin < end ? job.runs[begin].first : 0;
+    // an injected copy_fails stops the copy half way: the claims from the middle on fail (the last
+    // one always, so that a recall of one claim fails too)
+    if (job.fail_half_way && (first >= job.rows / 2 || c + 1 == job.claims)) {
+      throw std::runtime_error("injected fault: copy_fails after " + std::to_string(first) + " of " +
+                               std::to_string(job.rows) + " rows");
     }
-    if (job.fail_half_way) throw std::runtime_error("injected fault: copy_fails");
+    for (std::size_t r = begin; r < end; ++r) {
+      const auto& run = job.runs[r];
+      std::memcpy(job.landing.keys.data() + run.first * d, run.k, run.rows * d * sizeof(T));
+      std::memcpy(job.landing.values.data() + run.first * d, run.v, run.rows * d * sizeof(T));
+    }
   }
 
   params p_;
@@ -366,8 +466,9 @@ class async {
   std::deque<std::shared_ptr<recall>> queue_;
   std::map<ticket, std::shared_ptr<recall>> jobs_;
   std::vector<store::landing<T>> spare_;  // released landings, reused by the next submits
+  std::atomic<std::size_t> queued_{0};  // queue_.size(), readable without the mutex (polling)
   ticket last_ = 0;
-  bool stopping_ = false, busy_ = false, paused_ = false;
+  bool stopping_ = false, paused_ = false;
   fault fault_ = fault::none;
   transfer_stats stats_;
   std::jthread worker_;  // last member: started after, and joined before, everything above

@@ -170,12 +170,21 @@ std::vector<int> check_prefill_chunks(const store::tiered<T>& st, int layer,
 template <Element T>
 void plan_whole_working_set(const store::tiered<T>& st, int layer, attention_plan& plan) {
   const auto& sh = st.shape();
-  std::vector<int> sizes;
+  // CSR offsets built in place (the plan's buffers are reused step after step: no allocation)
+  auto& offsets = plan.slots.offsets;
+  offsets.assign(1, 0);
+  std::int64_t total = 0;
   for (const int r : plan.requests) {
-    for (int h = 0; h < sh.kv_heads; ++h) sizes.push_back(st.length(sh.sequence(r, layer, h)));
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      total += st.length(sh.sequence(r, layer, h));
+      require(total <= index_sets::max_offset, "plan_whole_working_set", "resident tokens", total,
+              "<= INT32_MAX summed over the step's head-sequences (int32 offsets)");
+      offsets.push_back(static_cast<std::int32_t>(total));
+    }
   }
-  plan.slots.resize(sizes);
-  plan.positions.resize(sizes);
+  plan.slots.values.resize(static_cast<std::size_t>(total));
+  plan.positions.offsets = offsets;
+  plan.positions.values.resize(static_cast<std::size_t>(total));
   plan.pages.clear();
   for (int s = 0; s < plan.slots.segments(); ++s) {
     const auto seq = sh.sequence(plan.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
