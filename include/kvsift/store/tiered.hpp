@@ -268,10 +268,13 @@ class tiered {
     constexpr std::string_view where = "store::tiered.promote";
     const auto [request, layer] = check_target(where, seq, positions);
     const std::int64_t before = counters_.bytes_to_device;
-    rebuild(seq, positions, [&](std::int32_t pos, T* k, T* v) {
-      const int i = host_index(request, layer, pos);
-      std::memcpy(k, host_key(seq, i), row_bytes());
-      std::memcpy(v, host_value(seq, i), row_bytes());
+    const std::size_t d = static_cast<std::size_t>(shape_.head_dim);
+    rebuild(seq, positions, [&](std::size_t a, std::size_t b, T* keys, T* values) {
+      for (std::size_t j = a; j < b; ++j) {
+        const int i = host_index(request, layer, positions[j]);
+        std::memcpy(keys + j * d, host_key(seq, i), row_bytes());
+        std::memcpy(values + j * d, host_value(seq, i), row_bytes());
+      }
     });
     if (counters_.bytes_to_device != before) ++counters_.promotes;
   }
@@ -285,17 +288,38 @@ class tiered {
     require(from.dim == shape_.head_dim, where, "from.dim", from.dim, std::to_string(shape_.head_dim));
     const int r = from.find(seq);
     const auto landed = r >= 0 ? from.positions[r] : std::span<const std::int32_t>{};
-    for (const auto pos : positions) {
-      if (resident(seq, pos)) continue;
-      require(std::binary_search(landed.begin(), landed.end(), pos), where, "positions", pos,
-              "a position that is resident or in the completed recall of head-sequence " +
-                  std::to_string(seq));
+    {  // one merge pass (all three ascend): each position is resident or in the landing
+      const auto& res = work_[seq].positions;
+      std::size_t a = 0, b = 0;
+      for (const auto pos : positions) {
+        while (a < res.size() && res[a] < pos) ++a;
+        if (a < res.size() && res[a] == pos) continue;
+        while (b < landed.size() && landed[b] < pos) ++b;
+        require(b < landed.size() && landed[b] == pos, where, "positions", pos, [&] {
+          return "a position that is resident or in the completed recall of head-sequence " +
+                 std::to_string(seq);
+        });
+      }
     }
-    auto i = static_cast<std::ptrdiff_t>(landed.size()) - 1;  // rebuild fetches descending positions
-    rebuild(seq, positions, [&](std::int32_t pos, T* k, T* v) {
-      while (landed[static_cast<std::size_t>(i)] > pos) --i;
-      std::memcpy(k, from.key(r, static_cast<int>(i)), row_bytes());
-      std::memcpy(v, from.value(r, static_cast<int>(i)), row_bytes());
+    // rebuild fetches runs of slots from the back; rows consecutive in the landing and in the
+    // working set are one copy per side
+    auto li = static_cast<std::ptrdiff_t>(landed.size()) - 1;
+    const std::size_t d = static_cast<std::size_t>(shape_.head_dim);
+    rebuild(seq, positions, [&](std::size_t a, std::size_t b, T* keys, T* values) {
+      for (std::size_t hi = b; hi > a;) {
+        const std::size_t j = hi - 1;
+        while (landed[static_cast<std::size_t>(li)] > positions[j]) --li;
+        std::size_t run = 1;
+        while (j >= a + run && static_cast<std::size_t>(li) >= run &&
+               landed[static_cast<std::size_t>(li) - run] == positions[j - run]) {
+          ++run;
+        }
+        const auto first = static_cast<int>(li - static_cast<std::ptrdiff_t>(run) + 1);
+        std::memcpy(keys + (j + 1 - run) * d, from.key(r, first), run * row_bytes());
+        std::memcpy(values + (j + 1 - run) * d, from.value(r, first), run * row_bytes());
+        li -= static_cast<std::ptrdiff_t>(run);
+        hi -= run;
+      }
     });
     ++counters_.installs;
   }
@@ -332,15 +356,18 @@ class tiered {
       const auto& w = work_[seq];
       for (int s = 0; s < w.length(); ++s) {
         const auto pos = w.positions[s];
+        // messages built only on failure: this loop runs once per resident token
         require(s == 0 || pos > w.positions[s - 1], where, "position", pos,
-                "ascending working-set positions in head-sequence " + std::to_string(seq));
+                [&] { return "ascending working-set positions in head-sequence " + std::to_string(seq); });
         const int i = host_index(request, layer, pos);
-        require(i >= 0, where, "position", pos,
-                "a resident token held by the host pool (head-sequence " + std::to_string(seq) + ")");
+        require(i >= 0, where, "position", pos, [&] {
+          return "a resident token held by the host pool (head-sequence " + std::to_string(seq) + ")";
+        });
         require(std::memcmp(key(seq, s), host_key(seq, i), row_bytes()) == 0 &&
                     std::memcmp(value(seq, s), host_value(seq, i), row_bytes()) == 0,
-                where, "position", pos,
-                "resident rows equal to the host pool's (head-sequence " + std::to_string(seq) + ")");
+                where, "position", pos, [&] {
+                  return "resident rows equal to the host pool's (head-sequence " + std::to_string(seq) + ")";
+                });
       }
       const int n = host_length(request, layer);
       require(n == 0 || host_position(request, layer, n - 1) < next_position(request, layer), where,
@@ -450,15 +477,20 @@ class tiered {
     require(seq >= 0 && seq < static_cast<std::int64_t>(work_.size()), where, "seq", seq,
             "in [0, " + std::to_string(work_.size()) + ")");
     const auto [request, layer] = request_layer(seq);
+    const auto name = [&](std::size_t i) { return [i] { return "positions[" + std::to_string(i) + "]"; }; };
+    int hint = 0;  // positions ascend: each lookup starts where the last one ended
     for (std::size_t i = 0; i < positions.size(); ++i) {
       if (i > 0) {
-        require(positions[i] > positions[i - 1], where, "positions[" + std::to_string(i) + "]",
-                positions[i], "> positions[" + std::to_string(i - 1) + "] (ascending, no duplicates)");
+        require(positions[i] > positions[i - 1], where, name(i), positions[i], [&] {
+          return "> positions[" + std::to_string(i - 1) + "] (ascending, no duplicates)";
+        });
       }
-      require(host_index(request, layer, positions[i]) >= 0, where,
-              "positions[" + std::to_string(i) + "]", positions[i],
-              "a position in the host pool of (request " + std::to_string(request) + ", layer " +
-                  std::to_string(layer) + ")");
+      const int index = host_index(request, layer, positions[i], hint);
+      require(index >= 0, where, name(i), positions[i], [&] {
+        return "a position in the host pool of (request " + std::to_string(request) + ", layer " +
+               std::to_string(layer) + ")";
+      });
+      hint = index + 1;
     }
     return {request, layer};
   }
@@ -466,8 +498,8 @@ class tiered {
   // New working set = `positions` (validated: ascending, each resident or fetchable), in place:
   // first the resident rows that stay move down over the ones that go (as retain), then the
   // buffers grow to the new size and a merge from the back puts each kept row in its final slot
-  // (a row moves only if a fetched row lands before it) and fetches the missing rows, in
-  // descending position order, straight into their slots.
+  // (a row moves only if a fetched row lands before it) and fetches the missing rows straight into
+  // their slots: fetch(a, b, keys, values) fills slots [a, b) (runs, from the back).
   template <class Fetch>
   void rebuild(std::int64_t seq, std::span<const std::int32_t> positions, Fetch&& fetch) {
     const int d = shape_.head_dim;
@@ -485,16 +517,20 @@ class tiered {
     const auto n = static_cast<std::ptrdiff_t>(positions.size());
     w.resize(static_cast<std::size_t>(n), d);  // kept <= n: kept rows are among `positions`
     std::ptrdiff_t i = kept - 1;  // the last kept row not yet placed
-    for (std::ptrdiff_t j = n - 1; j >= 0 && i != j; --j) {  // i == j: the rest is in place
+    for (std::ptrdiff_t j = n - 1; j >= 0 && i != j;) {  // i == j: the rest is in place
       if (i >= 0 && w.positions[i] == positions[j]) {
         w.move_row(static_cast<int>(i), static_cast<int>(j), d);
         --i;
-      } else {
-        fetch(positions[j], w.keys.data() + static_cast<std::size_t>(j) * d,
-              w.values.data() + static_cast<std::size_t>(j) * d);
-        w.positions[j] = positions[j];
-        counters_.bytes_to_device += row_pair_bytes();
+        --j;
+        continue;
       }
+      // slots [lo, j] are fetched: down to the slot of the next kept row (all of them above i)
+      std::ptrdiff_t lo = j;
+      while (lo > 0 && !(i >= 0 && w.positions[i] == positions[lo - 1])) --lo;
+      fetch(static_cast<std::size_t>(lo), static_cast<std::size_t>(j) + 1, w.keys.data(), w.values.data());
+      std::copy(positions.begin() + lo, positions.begin() + j + 1, w.positions.begin() + lo);
+      counters_.bytes_to_device += (j - lo + 1) * row_pair_bytes();
+      j = lo - 1;
     }
     w.release_slack();
   }
