@@ -171,6 +171,11 @@ class tiered {
   [[nodiscard]] std::int32_t host_position(int request, int layer, int index) const {
     return host_positions_[rl(request, layer) * static_cast<std::size_t>(capacity_) + index];
   }
+  // The positions of the pool of (request, layer), ascending: [host_length(request, layer)].
+  [[nodiscard]] std::span<const std::int32_t> host_positions(int request, int layer) const {
+    return {host_positions_.data() + rl(request, layer) * static_cast<std::size_t>(capacity_),
+            static_cast<std::size_t>(host_length(request, layer))};
+  }
   // Index of `position` in the pool of (request, layer), or -1 if absent. `from` is a hint: an
   // index at or before the answer (callers walking ascending positions pass the previous one).
   [[nodiscard]] int host_index(int request, int layer, std::int32_t position, int from = 0) const {

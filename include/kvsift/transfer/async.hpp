@@ -143,9 +143,10 @@ class async {
               "a head-sequence id in [0, " + std::to_string(sequences) + ")");
       const auto [request, layer] = store.request_layer(seq);
       const auto& pos = what[r].positions;
-      int hint = 0, page_left = 0;  // pool rows left in the current run's page after its last row
-      for (std::size_t i = 0; i < pos.size(); ++i) {
-        // messages are built only on failure: this loop runs once per recalled row
+      const std::int32_t* pool_positions = store.host_positions(request, layer).data();
+      int hint = 0;
+      for (std::size_t i = 0; i < pos.size();) {
+        // messages are built only on failure: this loop runs once per run of recalled rows
         const int index =
             (i == 0 || pos[i] > pos[i - 1]) ? store.host_index(request, layer, pos[i], hint) : -2;
         if (index < 0) {
@@ -154,22 +155,22 @@ class async {
                            index == -2 ? std::string("ascending positions without duplicates")
                                        : "a position in the host pool of head-sequence " + std::to_string(seq));
         }
-        const bool new_chunk = chunk_left == 0;
-        if (new_chunk) {
+        if (chunk_left == 0) {  // a claim begins at this row
           chunk_left = chunk;
           if (!p_.staged || job->claim_runs.empty()) job->claim_runs.push_back(static_cast<std::uint32_t>(job->runs.size()));
         }
-        if (i > 0 && !new_chunk && index == hint && page_left > 0) {
-          ++job->runs.back().rows;  // the next row of the run's page
-          --page_left;
-        } else {
-          job->runs.push_back({store.host_key(seq, index), store.host_value(seq, index),
-                               static_cast<std::size_t>(rows), 1});
-          page_left = page - 1 - index % page;
-        }
-        hint = index + 1;
-        --chunk_left;
-        ++rows;
+        // the run: the following rows of this page of the pool, as long as they are the next
+        // positions asked for (pool positions ascend, so these are found and ascending too)
+        const std::size_t limit = std::min({static_cast<std::size_t>(page - index % page),
+                                            static_cast<std::size_t>(chunk_left), pos.size() - i});
+        std::size_t m = 1;
+        while (m < limit && pool_positions[index + static_cast<int>(m)] == pos[i + m]) ++m;
+        job->runs.push_back({store.host_key(seq, index), store.host_value(seq, index),
+                             static_cast<std::size_t>(rows), m});
+        hint = index + static_cast<int>(m);
+        chunk_left -= static_cast<int>(m);
+        rows += static_cast<std::int64_t>(m);
+        i += m;
       }
       job->landing.seqs.push_back(seq);
       job->landing.positions.push_back(pos);
