@@ -50,6 +50,18 @@
 
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 using dense_t = kvsift::store::dense<float>;
 using tiered_t = kvsift::store::tiered<float>;
 using view = kvsift::kv_view<const float, kvsift::nhd>;
@@ -430,7 +442,10 @@ TEST_CASE("soak: every named method decodes many steps on a ragged batch", "[.so
                   static_cast<long long>(res.stalls), res.bytes_transferred / 1048576.0);
       std::fflush(stdout);
       CHECK(res.failures == 0);
-      CHECK(res.rss_growth < 64LL << 20);
+      // Under AddressSanitizer freed blocks sit in its quarantine (256 MiB by default) before they
+      // are reused, so the resident set grows with allocation churn whether or not anything
+      // leaks; LeakSanitizer checks leaks in that build. The bound applies elsewhere.
+      if (!kAddressSanitizer) CHECK(res.rss_growth < 64LL << 20);
       // the dynamic methods' recall path ran (transfer::async moved rows from the host pool)
       if (is_tiered(name) && steps >= 100) CHECK(res.bytes_transferred > 0);
     }

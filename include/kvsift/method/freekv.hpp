@@ -167,7 +167,9 @@ class freekv {
       if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
       require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens, "keys.tokens");
       require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
-      require_finite(where, c, true);
+      require(c.queries.tokens <= c.keys.tokens, where, "queries.tokens", c.queries.tokens,
+              "<= keys.tokens (the chunk's newest queries)");
+      require_finite(where, c, true);  // after every view and token count is checked: it reads them
       // positions ascend across a request's chunks (checked here: the store would reject a
       // later chunk only after the earlier ones were appended)
       auto& first = next[c.request];

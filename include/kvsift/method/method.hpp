@@ -156,7 +156,6 @@ class method {
       if constexpr (Scorer_::needs_queries) {
         if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
       }
-      require_finite(where, c, Scorer_::needs_queries);
       if constexpr (Scorer_::needs_queries) {
         if (scorer_.query_window() < 0) {
           require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
@@ -178,6 +177,8 @@ class method {
                       " ending at the prompt's last token (" + std::to_string(have) + " available)");
         }
       }
+      // after every view and token count is checked: it reads them
+      require_finite(where, c, Scorer_::needs_queries);
       const int room = store_->capacity(sh.sequence(c.request, layer, 0)) -
                        store_->length(sh.sequence(c.request, layer, 0)) - pending[c.request];
       require(c.keys.tokens <= room, where, "keys.tokens", c.keys.tokens,

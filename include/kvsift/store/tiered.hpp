@@ -14,7 +14,7 @@
 //                reset(request). Demoting a token therefore moves no bytes.
 //   working set  per head-sequence, its resident rows [n_resident, d] of K and of V plus their
 //                original positions, in a SEPARATE allocation (the bytes are real: a demoted
-//                token's row leaves it, its buffers shrink once less than half is in use, and
+//                token's row leaves it, its buffers shrink once less than a quarter is in use, and
 //                resident_bytes() counts only what is resident).
 //
 // Decision, DESIGN §2 / issue "Method lifecycle for dynamic methods": the working set is kept
@@ -37,8 +37,8 @@
 // place in the working set's buffers (no allocation once they reached their high-water mark):
 // retain moves kept rows down over demoted ones; promote/install copy each missing row once and
 // move a kept row only if a recalled row lands before it (a merge from the back). A working set
-// that falls below half its capacity gives the memory back (shrink), so the device tier holds
-// about what is resident, not the prompt it once held.
+// that falls below a quarter of its capacity gives the memory back (shrink), so the device tier
+// holds about what is resident, not the prompt it once held.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/element.hpp>
@@ -445,11 +445,13 @@ class tiered {
                   values.data() + static_cast<std::size_t>(from) * d, bytes);
       positions[to] = positions[from];
     }
-    // Gives memory back once less than half of the buffers is in use (and more than a little
-    // would be freed): the working set's allocation follows what is resident.
+    // Gives memory back once less than a quarter of the buffers is in use (and more than a
+    // little would be freed): the working set's allocation follows what is resident — after the
+    // prompt, down to the budget — without reallocating every step as a working set that grows
+    // by a recall and shrinks back would.
     void release_slack() {
       const std::size_t n = positions.size();
-      if (positions.capacity() > 2 * n + 64) {
+      if (positions.capacity() > 4 * n + 256) {
         keys.shrink_to_fit();
         values.shrink_to_fit();
         positions.shrink_to_fit();

@@ -146,9 +146,9 @@ std::vector<int> check_prefill_chunks(const store::tiered<T>& st, int layer,
             "keys.tokens (" + std::to_string(c.keys.tokens) + ")");
     require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
     if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
-    require_finite(where, c, true);
     require(c.queries.tokens <= c.keys.tokens, where, "queries.tokens", c.queries.tokens,
             "<= keys.tokens (the chunk's newest queries)");
+    require_finite(where, c, true);  // after every view and token count is checked: it reads them
     if (c.last) {
       require(c.queries.tokens >= 1, where, "queries.tokens", c.queries.tokens,
               ">= 1 on the last chunk: " + std::string(who) + " scores the prompt's last query");
