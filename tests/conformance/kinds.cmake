@@ -10,3 +10,11 @@ list(APPEND KVSIFT_CONFORMANCE_KINDS budget.synckv method.synckv.decode)
 list(APPEND KVSIFT_CONFORMANCE_KINDS calibrate.topk_sets calibrate.overlap calibrate.stability calibrate.kmeans calibrate.star_cluster)
 list(APPEND KVSIFT_CONFORMANCE_KINDS score.freekv_pages method.freekv.select trigger.query_cosine method.freekv.decode)
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.heterocache method.heterocache.prefill method.heterocache.decode)
+
+# The kinds with a Thrust path (tests/conformance/thrust/kinds_thrust.cpp), run by ctest with
+# `--backend thrust` under Thrust's CPP and OMP systems (label conformance;thrust). Every other
+# kind reports "no thrust path" there. Must equal `kvsift-conformance-thrust-cpp --list-kinds
+# --backend thrust` (test conformance.thrust.<sys>.kinds).
+set(KVSIFT_CONFORMANCE_THRUST_KINDS
+    select.topk score.snapkv method.snapkv.prefill method.pyramidkv.prefill
+    score.quest_pages method.quest.select score.lagkv score.freekv_pages method.freekv.select)

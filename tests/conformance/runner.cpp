@@ -1,14 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvsift-conformance DIR [--kinds K1,K2,...] [--ids ID1,ID2,...] | --list-kinds
+// kvsift-conformance DIR [--backend cpu|thrust|cuda] [--kinds K1,K2,...] [--ids ID1,ID2,...]
+// kvsift-conformance --list-kinds [--backend cpu|thrust|cuda]
 // Runs the selected cases of DIR/INDEX.json through the registered handlers (SPEC §4). DIR is any
 // directory of cases: ctest passes the in-tree copy tests/conformance/vectors/cases (CMake cache
 // variable KVSIFT_CONFORMANCE_DIR), ../shared/conformance/cases works as well.
+// --backend picks whose handlers run (runner.hpp); cpu, the default, prints SPEC §4's summary
+// unchanged. Another backend runs only its own handlers, lists the kinds it has no path for and
+// counts their cases apart ("N passed, M failed, K no thrust path"); they never pass.
 
 #include "runner.hpp"
 
 #include <kvsift/core/error.hpp>
 
 #include <bit>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -119,16 +124,37 @@ void outputs::put_i32(const std::string& name, std::vector<std::int64_t> shape,
   produced_[name] = make_tensor(name, "i32", std::move(shape), std::move(values));
 }
 
-std::map<std::string, handler>& registry() {
-  static std::map<std::string, handler> handlers;
-  return handlers;
+const char* backend_name(backend b) {
+  switch (b) {
+    case backend::cpu: return "cpu";
+    case backend::thrust: return "thrust";
+    case backend::cuda: return "cuda";
+  }
+  return "?";
 }
 
-registrar::registrar(std::string kind, handler h) {
-  if (!registry().emplace(kind, std::move(h)).second) {
-    std::fprintf(stderr, "kvsift-conformance: kind '%s' registered twice\n", kind.c_str());
+std::map<std::string, handler>& registry(backend b) {
+  static std::map<backend, std::map<std::string, handler>> handlers;
+  return handlers[b];
+}
+
+registrar::registrar(std::string kind, handler h) : registrar(backend::cpu, std::move(kind), std::move(h)) {}
+
+registrar::registrar(backend b, std::string kind, handler h) {
+  if (!registry(b).emplace(kind, std::move(h)).second) {
+    std::fprintf(stderr, "kvsift-conformance: kind '%s' registered twice for backend %s\n",
+                 kind.c_str(), backend_name(b));
     std::abort();
   }
+}
+
+std::map<backend, std::string>& available_backends() {
+  static std::map<backend, std::string> backends{{backend::cpu, "cpu (the reference backend)"}};
+  return backends;
+}
+
+backend_available::backend_available(backend b, std::string description) {
+  available_backends()[b] = std::move(description);
 }
 
 // ---- loading -------------------------------------------------------------------------------
@@ -279,12 +305,8 @@ std::string describe_current_exception() {
   }
 }
 
-// Runs one case; returns the failure message, or nullopt when it passes.
-std::optional<std::string> run_case(const fs::path& dir, const std::string& kind) {
-  const auto h = registry().find(kind);
-  if (h == registry().end()) {
-    return "no handler for kind";
-  }
+// Runs one case through `h`; returns the failure message, or nullopt when it passes.
+std::optional<std::string> run_case(const fs::path& dir, const handler& h) {
   case_data c;
   try {
     c = load_case(dir);
@@ -293,7 +315,7 @@ std::optional<std::string> run_case(const fs::path& dir, const std::string& kind
   }
   outputs out;
   try {
-    h->second(c, out);
+    h(c, out);
   } catch (const kvsift::error&) {
     if (c.expect_error) {
       return std::nullopt;
@@ -323,10 +345,37 @@ std::set<std::string> split_list(const std::string& s) {
 }
 
 int usage() {
-  std::cerr << "usage: kvsift-conformance DIR [--kinds K1,K2,...] [--ids ID1,ID2,...]\n"
-               "       kvsift-conformance --list-kinds\n"
-               "  DIR: a directory of cases, e.g. tests/conformance/vectors/cases\n";
+  std::cerr << "usage: kvsift-conformance DIR [--backend cpu|thrust|cuda] [--kinds K1,K2,...] [--ids ID1,ID2,...]\n"
+               "       kvsift-conformance --list-kinds [--backend cpu|thrust|cuda]\n"
+               "  DIR: a directory of cases, e.g. tests/conformance/vectors/cases\n"
+               "  --backend: whose handlers run the cases (default cpu). A kind with no handler for\n"
+               "    the backend is not run and is counted as \"no <backend> path\", never as passed.\n"
+               "  exit status: 0 all selected cases passed; 1 a case failed; 2 usage error or the\n"
+               "    backend is not in this build; 3 none failed but some kinds have no path for the\n"
+               "    backend\n";
   return 2;
+}
+
+std::optional<backend> parse_backend(std::string_view s) {
+  for (const backend b : {backend::cpu, backend::thrust, backend::cuda}) {
+    if (s == backend_name(b)) return b;
+  }
+  return std::nullopt;
+}
+
+// The runners built from these sources, for the message naming where a backend lives.
+const char* where_backend_lives(backend b) {
+  switch (b) {
+    case backend::thrust:
+      return "the Thrust handlers are compiled into kvsift-conformance-thrust-cpp and "
+             "kvsift-conformance-thrust-omp (CMake option KVSIFT_ENABLE_THRUST and CCCL 3.x)";
+    case backend::cuda:
+      return "no CUDA conformance handlers exist yet: a CUDA runner needs KVSIFT_ENABLE_CUDA=ON, "
+             "nvcc and a GPU";
+    case backend::cpu:
+      break;
+  }
+  return "";
 }
 
 }  // namespace
@@ -336,15 +385,20 @@ int main(int argc, char** argv) {
   namespace kc = kvsift::conformance;
   std::optional<std::string> dir;
   std::optional<std::set<std::string>> kinds, ids;
+  kc::backend be = kc::backend::cpu;
+  bool list_kinds = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--list-kinds") {
-      for (const auto& [kind, h] : kc::registry()) {
-        std::cout << kind << '\n';
+      list_kinds = true;
+    } else if (arg == "--backend") {
+      const auto b = i + 1 < argc ? kc::parse_backend(argv[++i]) : std::nullopt;
+      if (!b) {
+        std::cerr << "kvsift-conformance: --backend takes cpu, thrust or cuda\n";
+        return kc::usage();
       }
-      return 0;
-    }
-    if (arg == "--kinds" || arg == "--ids") {
+      be = *b;
+    } else if (arg == "--kinds" || arg == "--ids") {
       // A missing value (as when CMake expands an empty kind list) means an empty filter.
       const bool has_value = i + 1 < argc && std::string_view(argv[i + 1]).rfind("--", 0) != 0;
       (arg == "--kinds" ? kinds : ids) = kc::split_list(has_value ? argv[++i] : "");
@@ -354,11 +408,32 @@ int main(int argc, char** argv) {
       return kc::usage();
     }
   }
+  const char* const bname = kc::backend_name(be);
+  if (!kc::available_backends().contains(be)) {
+    std::cerr << "kvsift-conformance: backend '" << bname
+              << "' is not available in this runner; " << kc::where_backend_lives(be) << '\n';
+    return 2;
+  }
+  const auto& handlers = kc::registry(be);
+  if (list_kinds) {
+    // stdout: the kinds this backend runs; stderr (not the CPU's): the kinds it has no path for
+    for (const auto& [kind, h] : handlers) {
+      std::cout << kind << '\n';
+    }
+    if (be != kc::backend::cpu) {
+      std::cerr << "# backend: " << kc::available_backends().at(be) << '\n';
+      for (const auto& [kind, h] : kc::registry(kc::backend::cpu)) {
+        if (!handlers.contains(kind)) std::cerr << "# no " << bname << " path: " << kind << '\n';
+      }
+    }
+    return 0;
+  }
   if (!dir) {
     return kc::usage();
   }
 
-  int passed = 0, failed = 0;
+  int passed = 0, failed = 0, no_path = 0;
+  std::map<std::string, int> no_path_kinds;  // kind -> selected cases not run
   try {
     const auto index = kc::read_json(kc::fs::path(*dir) / "INDEX.json");
     for (const auto& entry : index.at("cases")) {
@@ -367,7 +442,18 @@ int main(int argc, char** argv) {
       if ((kinds && !kinds->contains(kind)) || (ids && !ids->contains(id))) {
         continue;
       }
-      if (const auto failure = kc::run_case(kc::fs::path(*dir) / id, kind)) {
+      const auto h = handlers.find(kind);
+      std::optional<std::string> failure;
+      if (h != handlers.end()) {
+        failure = kc::run_case(kc::fs::path(*dir) / id, h->second);
+      } else if (be != kc::backend::cpu && kc::registry(kc::backend::cpu).contains(kind)) {
+        ++no_path;  // known kind, no handler of this backend: not run, not passed
+        ++no_path_kinds[kind];
+        continue;
+      } else {
+        failure = "no handler for kind";  // SPEC §4: an unknown kind is a failure
+      }
+      if (failure) {
         std::cout << "FAIL " << id << " (" << kind << "): " << *failure << '\n';
         ++failed;
       } else {
@@ -378,6 +464,18 @@ int main(int argc, char** argv) {
     std::cerr << "kvsift-conformance: " << *dir << "/INDEX.json: " << e.what() << '\n';
     return 1;
   }
-  std::cout << passed << " passed, " << failed << " failed\n";
-  return failed == 0 ? 0 : 1;
+  if (be == kc::backend::cpu) {
+    std::cout << passed << " passed, " << failed << " failed\n";  // SPEC §4, unchanged
+    return failed == 0 ? 0 : 1;
+  }
+  std::string upper(bname);
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  for (const auto& [kind, n] : no_path_kinds) {
+    std::cout << "NO " << upper << " PATH " << kind << ": " << n << (n == 1 ? " case" : " cases")
+              << " not run\n";
+  }
+  std::cout << "backend " << kc::available_backends().at(be) << '\n';
+  std::cout << passed << " passed, " << failed << " failed, " << no_path << " no " << bname
+            << " path\n";
+  return failed != 0 ? 1 : no_path != 0 ? 3 : 0;
 }

@@ -14,6 +14,17 @@
 // A handler reads the case's params and inputs, calls the library and puts every expected
 // output. The runner compares them (SPEC §4); for `expect_error` cases it only checks that
 // the handler threw kvsift::error. Add the kind to tests/conformance/kinds.cmake so ctest runs it.
+//
+// Backends (`--backend cpu|thrust|cuda`). The registrar above registers the CPU handler. A
+// handler for another backend is registered with the backend first:
+//
+//   const kc::registrar reg{kc::backend::thrust, "select.topk", [](...) { ... }};
+//
+// Thrust handlers live in tests/conformance/thrust/ and are compiled only into the Thrust runners
+// (kvsift-conformance-thrust-cpp / -omp), which also mark the backend available with a
+// kc::backend_available. A kind with no handler for the selected backend is never run through
+// another backend's handler: the runner counts it as "no <backend> path". Every backend's outputs
+// go through the same comparison (SPEC §4).
 
 #include <kvsift/core/view.hpp>
 
@@ -78,11 +89,24 @@ class outputs {
 
 using handler = std::function<void(const case_data&, outputs&)>;
 
-// kind -> handler. Registering a kind twice aborts at start-up with a message.
-[[nodiscard]] std::map<std::string, handler>& registry();
+enum class backend { cpu, thrust, cuda };
+[[nodiscard]] const char* backend_name(backend b);
+
+// kind -> handler of one backend (the CPU's by default). Registering a (kind, backend) twice
+// aborts at start-up with a message.
+[[nodiscard]] std::map<std::string, handler>& registry(backend b = backend::cpu);
 
 struct registrar {
-  registrar(std::string kind, handler h);
+  registrar(std::string kind, handler h);  // the CPU handler
+  registrar(backend b, std::string kind, handler h);
+};
+
+// Backends compiled into this runner, with a description ("thrust (THRUST_DEVICE_SYSTEM_CPP)").
+// The CPU backend is always there; another is there only when something registers it.
+[[nodiscard]] std::map<backend, std::string>& available_backends();
+
+struct backend_available {
+  backend_available(backend b, std::string description);
 };
 
 // Helpers shared by the kind handlers.

@@ -1,0 +1,528 @@
+// SPDX-License-Identifier: Apache-2.0
+// The conformance kinds the Thrust backend (include/kvsift/thrust/) implements, registered for
+// `--backend thrust`. Compiled only into kvsift-conformance-thrust-cpp / -omp (g++ with
+// THRUST_DEVICE_SYSTEM = CPP or OMP); the same code compiled by nvcc runs on a GPU.
+//
+// Each handler copies the case's inputs into thrust::device_vector, calls kvsift::thrust
+// functions with the `thrust::device` policy on raw device pointers, copies the results back
+// and puts them as outputs; the runner compares them exactly as it compares the CPU handlers'
+// (SPEC §4). Nothing here calls a CPU scorer or selector: the only library code run on the host
+// is parameter arithmetic (budget::pyramid_past_budget, select::page_topk::pages_for,
+// score::freekv_pages::layout, the selectors' parameter checks).
+//
+// Method kinds (method.snapkv.prefill, method.pyramidkv.prefill, method.quest.select,
+// method.freekv.select) are composed here the way the method composes its components:
+// scorer -> budget -> segmented top-k with the protected sink / window -> gather of the kept
+// rows, whose gathered positions are the output. The kinds are listed in kinds.cmake
+// (KVSIFT_CONFORMANCE_THRUST_KINDS); `--list-kinds --backend thrust` prints them.
+
+#include "../runner.hpp"
+
+#include <kvsift/budget/pyramid.hpp>
+#include <kvsift/core/error.hpp>
+#include <kvsift/score/freekv_pages.hpp>
+#include <kvsift/select/freekv_pages.hpp>
+#include <kvsift/select/page_topk.hpp>
+#include <kvsift/thrust/all.hpp>
+#include <kvsift/thrust/freekv_pages.hpp>
+
+#include <thrust/copy.h>
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#ifndef KVSIFT_THRUST_SYSTEM_NAME
+#error "define KVSIFT_THRUST_SYSTEM_NAME (cpp, omp, cuda) for the runner's backend description"
+#endif
+
+namespace {
+namespace kc = kvsift::conformance;
+namespace kt = kvsift::thrust;
+using kc::dim;
+using kc::param;
+using i32 = std::int32_t;
+template <class T>
+using dvec = ::thrust::device_vector<T>;
+
+const kc::backend_available thrust_backend{
+    kc::backend::thrust,
+    "thrust (THRUST_DEVICE_SYSTEM " KVSIFT_THRUST_SYSTEM_NAME ", policy thrust::device)"};
+
+template <class T>
+dvec<T> to_device(const std::vector<T>& v) {
+  return dvec<T>(v.begin(), v.end());
+}
+template <class T>
+std::vector<T> to_host(const dvec<T>& v) {
+  std::vector<T> h(v.size());
+  ::thrust::copy(v.begin(), v.end(), h.begin());
+  return h;
+}
+template <class T>
+T* raw(dvec<T>& v) {
+  return ::thrust::raw_pointer_cast(v.data());
+}
+template <class T>
+const T* raw(const dvec<T>& v) {
+  return ::thrust::raw_pointer_cast(v.data());
+}
+
+// CSR offsets of `segments` segments of `n` each.
+std::vector<i32> uniform_offsets(int segments, int n) {
+  std::vector<i32> o(static_cast<std::size_t>(segments) + 1);
+  for (int s = 0; s <= segments; ++s) o[s] = s * n;
+  return o;
+}
+
+// Rows of `segments` segments, for the offsets of one of `n` rows each.
+template <class T>
+std::vector<T> repeat_blocks(const std::vector<T>& src, std::size_t block, int copies_each) {
+  std::vector<T> out;
+  out.reserve(src.size() * static_cast<std::size_t>(copies_each));
+  for (std::size_t b = 0; b * block < src.size(); ++b) {
+    for (int c = 0; c < copies_each; ++c) {
+      out.insert(out.end(), src.begin() + b * block, src.begin() + (b + 1) * block);
+    }
+  }
+  return out;
+}
+
+// [A, B, d] -> [B, A, d]: a case's [Hq, w, d] queries as the backend's [w, Hq, d].
+std::vector<float> swap_outer(const float* src, int a, int b, int d) {
+  std::vector<float> out(static_cast<std::size_t>(a) * b * d);
+  for (int i = 0; i < a; ++i) {
+    for (int j = 0; j < b; ++j) {
+      std::copy_n(src + (static_cast<std::size_t>(i) * b + j) * d, d,
+                  out.data() + (static_cast<std::size_t>(j) * a + i) * d);
+    }
+  }
+  return out;
+}
+
+// The first `take` of every `row` values from `first`: [rows, take] out of [rows, row].
+std::vector<float> slice_rows(const std::vector<float>& v, int rows, int row, int first, int take) {
+  std::vector<float> out;
+  out.reserve(static_cast<std::size_t>(rows) * take);
+  for (int r = 0; r < rows; ++r) {
+    const auto at = v.begin() + static_cast<std::ptrdiff_t>(r) * row + first;
+    out.insert(out.end(), at, at + take);
+  }
+  return out;
+}
+
+// The Thrust top-k's documented precondition, which it does not check itself: a budget below
+// the segment's length holds the protected tokens (select::topk's and SPEC's error case).
+void require_protected_fit(std::string_view where, const std::vector<i32>& budgets,
+                           const std::vector<i32>& lengths, int sink,
+                           const std::vector<i32>& window) {
+  for (std::size_t s = 0; s < budgets.size(); ++s) {
+    if (budgets[s] < lengths[s]) {
+      kvsift::require(budgets[s] >= sink + window[s], where, "budget", budgets[s],
+                      ">= the protected tokens: sink " + std::to_string(sink) + " + window " +
+                          std::to_string(window[s]));
+    }
+  }
+}
+
+// A segmented top-k on the device: per segment min(budgets[s], n_s) indices, the first `sink`
+// and last window[s] protected, ascending. Returns the CSR on the device.
+struct device_sets {
+  dvec<i32> offsets, values;
+  std::int64_t total = 0;
+};
+
+device_sets device_topk(const dvec<float>& scores, const dvec<i32>& offsets, int segments,
+                        const std::vector<i32>& budgets, int sink, const std::vector<i32>& window) {
+  const auto exec = ::thrust::device;
+  const std::int64_t n = static_cast<std::int64_t>(scores.size());
+  const dvec<i32> b = to_device(budgets);
+  const dvec<i32> w = to_device(window);
+  device_sets r;
+  r.offsets.resize(static_cast<std::size_t>(segments) + 1);
+  kt::kept_offsets(exec, raw(offsets), raw(b), segments, raw(r.offsets));
+  r.total = r.offsets.back();
+  r.values.resize(static_cast<std::size_t>(r.total));
+  dvec<unsigned char> ws(kt::segmented_topk_workspace_bytes(n));
+  kt::segmented_topk(exec, raw(scores), raw(offsets), segments, n, raw(r.offsets), r.total,
+                     raw(r.values), raw(ws), ws.size(), kt::topk_protection{sink, raw(w)});
+  return r;
+}
+
+// Gathers the kept rows of `segments` packed segments of `n` keys (positions 0..n-1) into a
+// dense [segments, n, d] device array and returns the gathered original positions, CSR on the
+// host: what a compacted device store holds.
+kvsift::index_sets gather_kept(const dvec<float>& keys, int segments, int n, int d,
+                               const device_sets& kept) {
+  const auto exec = ::thrust::device;
+  const dvec<i32> offsets = to_device(uniform_offsets(segments, n));
+  std::vector<i32> pos(static_cast<std::size_t>(segments) * n);
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<i32>(i % n);
+  const dvec<i32> positions = to_device(pos);
+  const kt::segmented_rows<float> src{raw(keys), raw(offsets), raw(positions), 0, segments, d};
+  dvec<float> dst(static_cast<std::size_t>(segments) * n * d);
+  dvec<i32> dst_pos(static_cast<std::size_t>(segments) * n, -1);
+  kt::gather_rows(exec, src, raw(kept.offsets), raw(kept.values), kept.total, raw(dst), n,
+                  raw(dst_pos));
+  const auto off = to_host(kept.offsets);
+  const auto gathered = to_host(dst_pos);
+  kvsift::index_sets out;
+  out.offsets = off;
+  for (int s = 0; s < segments; ++s) {
+    const auto at = gathered.begin() + static_cast<std::ptrdiff_t>(s) * n;
+    out.values.insert(out.values.end(), at, at + (off[s + 1] - off[s]));
+  }
+  return out;
+}
+
+// Index sets of equal size as a dense [rows, k] output.
+void put_dense(kc::outputs& out, const std::string& name, const std::vector<i32>& offsets,
+               const std::vector<i32>& values) {
+  const auto rows = static_cast<std::int64_t>(offsets.size()) - 1;
+  const std::int64_t k = rows > 0 ? offsets[1] - offsets[0] : 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (offsets[r + 1] - offsets[r] != k) {
+      throw kc::runner_error(name + ": rows keep different counts");
+    }
+  }
+  out.put_i32(name, {rows, k}, values);
+}
+
+void put_csr(kc::outputs& out, const std::string& name, const kvsift::index_sets& sets) {
+  out.put_i32(name, {static_cast<std::int64_t>(sets.values.size())}, sets.values);
+  out.put_i32(name + "_offsets", {static_cast<std::int64_t>(sets.offsets.size())}, sets.offsets);
+}
+
+// ---- select.topk -----------------------------------------------------------------------------
+
+const kc::registrar select_topk{
+    kc::backend::thrust, "select.topk", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& sc = c.in("scores");
+      const int rows = dim(sc, 0), n = dim(sc, 1);
+      const int sink = param(c, "sink");
+      const std::vector<i32> budgets(static_cast<std::size_t>(rows), param(c, "budget"));
+      const std::vector<i32> window(static_cast<std::size_t>(rows), param(c, "window"));
+      require_protected_fit("select.topk", budgets, std::vector<i32>(rows, n), sink, window);
+      const auto kept = device_topk(to_device(sc.f32), to_device(uniform_offsets(rows, n)), rows,
+                                    budgets, sink, window);
+      put_dense(out, "kept", to_host(kept.offsets), to_host(kept.values));
+    }};
+
+// ---- SnapKV / PyramidKV: window_attention_scores ------------------------------------------------
+
+kt::window_score_params window_params(const kc::case_data& c, int kernel) {
+  return {.kernel = kernel,
+          .pool = kvsift::parse_pooling(c.param_s("pooling")),
+          .gqa = kvsift::parse_gqa_reduce(c.param_s("gqa"))};
+}
+
+// Window scores of `requests` x kv_heads packed segments of n keys each; queries
+// [requests, w, kv_heads * group, d]; every request's window ends at token n - 1.
+dvec<float> window_scores(const std::vector<float>& keys, const std::vector<float>& queries,
+                          int requests, int kv_heads, int group, int n, int w, int d,
+                          kt::window_score_params p) {
+  const auto exec = ::thrust::device;
+  const int S = requests * kv_heads;
+  const dvec<float> k = to_device(keys);
+  const dvec<float> q = to_device(queries);
+  const dvec<i32> offsets = to_device(uniform_offsets(S, n));
+  const dvec<i32> first = to_device(std::vector<i32>(static_cast<std::size_t>(requests), n - w));
+  const kt::segmented_rows<float> rows{raw(k), raw(offsets), nullptr, 0, S, d};
+  const kt::window_queries wq{raw(q), raw(first), w, kv_heads, group};
+  const std::int64_t N = static_cast<std::int64_t>(S) * n;
+  dvec<float> scores(static_cast<std::size_t>(N));
+  dvec<unsigned char> ws(kt::window_attention_workspace_bytes(N, S, group, w));
+  kt::window_attention_scores(exec, rows, wq, N, p, raw(scores), raw(ws), ws.size());
+  return scores;
+}
+
+const kc::registrar score_snapkv{
+    kc::backend::thrust, "score.snapkv", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("queries");
+      const auto& k = c.in("keys");
+      const int hq = dim(q, 0), w = dim(q, 1), d = dim(q, 2), h = dim(k, 0), n = dim(k, 1);
+      const int G = hq / h;
+      const auto qs = swap_outer(q.f32.data(), hq, w, d);
+      const auto s = to_host(window_scores(k.f32, qs, 1, h, G, n, w, d,
+                                           window_params(c, param(c, "kernel"))));
+      out.put_f32("scores", {h, n - w}, slice_rows(s, h, n, 0, n - w));
+      // window_mean: the same scores unpooled (kernel 1), per query head: query head x gets its
+      // own copy of KV head x / G (group 1).
+      const auto kq = repeat_blocks(k.f32, static_cast<std::size_t>(n) * d, G);
+      const auto m = to_host(window_scores(kq, qs, 1, hq, 1, n, w, d, window_params(c, 1)));
+      out.put_f32("window_mean", {hq, n - w}, slice_rows(m, hq, n, 0, n - w));
+    }};
+
+const kc::registrar method_snapkv_prefill{
+    kc::backend::thrust, "method.snapkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("queries");
+      const auto& k = c.in("keys");
+      const int hq = dim(q, 0), nq = dim(q, 1), d = dim(q, 2), h = dim(k, 0), n = dim(k, 1);
+      const int w = std::min(param(c, "window"), n);
+      if (nq != w) throw kc::runner_error("queries: " + std::to_string(nq) + " != min(window, n)");
+      const std::vector<i32> budgets(static_cast<std::size_t>(h), param(c, "budget"));
+      const std::vector<i32> window(static_cast<std::size_t>(h), w);
+      require_protected_fit("method.snapkv.prefill", budgets, std::vector<i32>(h, n), 0, window);
+      const auto qs = swap_outer(q.f32.data(), hq, nq, d);
+      const auto scores = window_scores(k.f32, qs, 1, h, hq / h, n, nq, d,
+                                        window_params(c, param(c, "kernel")));
+      const dvec<float> keys = to_device(k.f32);
+      const auto kept = device_topk(scores, to_device(uniform_offsets(h, n)), h, budgets, 0, window);
+      const auto sets = gather_kept(keys, h, n, d, kept);
+      put_dense(out, "kept", sets.offsets, sets.values);
+    }};
+
+const kc::registrar method_pyramidkv_prefill{
+    kc::backend::thrust, "method.pyramidkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("queries");
+      const auto& k = c.in("keys");
+      const int L = dim(k, 0), h = dim(k, 1), n = dim(k, 2), d = dim(k, 3);
+      const int hq = dim(q, 1), nq = dim(q, 2);
+      const int C = param(c, "budget"), w = param(c, "window"), beta = param(c, "beta");
+      if (nq != std::min(w, n)) throw kc::runner_error("queries: window mismatch");
+      // Every layer in one ragged batch: layer l is "request" l, segments l * H + h.
+      std::vector<float> qs;
+      for (int l = 0; l < L; ++l) {
+        const auto t = swap_outer(q.f32.data() + static_cast<std::size_t>(l) * hq * nq * d, hq, nq, d);
+        qs.insert(qs.end(), t.begin(), t.end());
+      }
+      const auto scores = window_scores(k.f32, qs, L, h, hq / h, n, nq, d,
+                                        window_params(c, param(c, "kernel")));
+      std::vector<i32> past, budgets;
+      for (int l = 0; l < L; ++l) {
+        past.push_back(kvsift::budget::pyramid_past_budget(n, C, w, l, L, beta));
+        budgets.insert(budgets.end(), h, n < C ? n : past.back() + std::min(w, n));
+      }
+      const std::vector<i32> window(static_cast<std::size_t>(L) * h, std::min(w, n));
+      require_protected_fit("method.pyramidkv.prefill", budgets, std::vector<i32>(L * h, n), 0,
+                            window);
+      const dvec<float> keys = to_device(k.f32);
+      const auto kept =
+          device_topk(scores, to_device(uniform_offsets(L * h, n)), L * h, budgets, 0, window);
+      out.put_i32("past_budget", {L}, past);
+      put_csr(out, "kept", gather_kept(keys, L * h, n, d, kept));
+    }};
+
+// ---- Quest: page_digest, page_scores -------------------------------------------------------------
+
+struct digests {
+  int pages_per_head = 0;
+  dvec<i32> page_offsets;
+  dvec<float> kmin, kmax;
+};
+
+digests digest(const dvec<float>& keys, int h, int n, int d, int page_size) {
+  const auto exec = ::thrust::device;
+  const dvec<i32> offsets = to_device(uniform_offsets(h, n));
+  digests r;
+  r.pages_per_head = (n + page_size - 1) / page_size;
+  r.page_offsets.resize(static_cast<std::size_t>(h) + 1);
+  kt::page_offsets(exec, raw(offsets), h, page_size, raw(r.page_offsets));
+  const std::int64_t pages = r.page_offsets.back();
+  if (pages != static_cast<std::int64_t>(h) * r.pages_per_head) {
+    throw kc::runner_error("thrust::page_offsets: " + std::to_string(pages) + " pages");
+  }
+  r.kmin.resize(static_cast<std::size_t>(pages) * d);
+  r.kmax.resize(r.kmin.size());
+  const kt::segmented_rows<float> rows{raw(keys), raw(offsets), nullptr, 0, h, d};
+  kt::page_digest(exec, rows, raw(r.page_offsets), pages, page_size, raw(r.kmin), raw(r.kmax));
+  return r;
+}
+
+// Quest bounds [H, P] (group G reduced with `gqa`), or per query head [Hq, P] (`per_query_head`:
+// every query head scores the digests of its KV head, i.e. group 1 over repeated digests).
+dvec<float> quest_scores(const digests& dg, const dvec<float>& query, int h, int G, int d,
+                         kvsift::gqa_reduce gqa, bool per_query_head) {
+  const auto exec = ::thrust::device;
+  const int P = dg.pages_per_head;
+  if (!per_query_head) {
+    dvec<float> out(static_cast<std::size_t>(h) * P);
+    kt::page_scores(exec, raw(query), h, G, d, raw(dg.kmin), raw(dg.kmax), raw(dg.page_offsets), h,
+                    static_cast<std::int64_t>(h) * P, gqa, raw(out));
+    return out;
+  }
+  const int hq = h * G;
+  const std::size_t block = static_cast<std::size_t>(P) * d;
+  dvec<float> kmin(static_cast<std::size_t>(hq) * block), kmax(kmin.size());
+  for (int x = 0; x < hq; ++x) {  // device-to-device copies of KV head x / G's digests
+    const auto from = static_cast<std::ptrdiff_t>((x / G) * block);
+    const auto to = static_cast<std::ptrdiff_t>(x * block);
+    ::thrust::copy_n(exec, dg.kmin.begin() + from, block, kmin.begin() + to);
+    ::thrust::copy_n(exec, dg.kmax.begin() + from, block, kmax.begin() + to);
+  }
+  const dvec<i32> poff = to_device(uniform_offsets(hq, P));
+  dvec<float> out(static_cast<std::size_t>(hq) * P);
+  kt::page_scores(exec, raw(query), hq, 1, d, raw(kmin), raw(kmax), raw(poff), hq,
+                  static_cast<std::int64_t>(hq) * P, kvsift::gqa_reduce::max, raw(out));
+  return out;
+}
+
+const kc::registrar score_quest_pages{
+    kc::backend::thrust, "score.quest_pages", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("query");
+      const auto& k = c.in("keys");
+      const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
+      const int G = hq / h;
+      const dvec<float> keys = to_device(k.f32);
+      const dvec<float> query = to_device(q.f32);  // [Hq, 1, d] = [requests 1, Hq, d]
+      const auto dg = digest(keys, h, n, d, param(c, "page_size"));
+      const int P = dg.pages_per_head;
+      out.put_f32("page_min", {h, P, d}, to_host(dg.kmin));
+      out.put_f32("page_max", {h, P, d}, to_host(dg.kmax));
+      out.put_f32("page_scores", {hq, P},
+                  to_host(quest_scores(dg, query, h, G, d, kvsift::gqa_reduce::max, true)));
+      out.put_f32("page_scores_kv", {h, P},
+                  to_host(quest_scores(dg, query, h, G, d, kvsift::gqa_reduce::max, false)));
+    }};
+
+const kc::registrar method_quest_select{
+    kc::backend::thrust, "method.quest.select", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("query");
+      const auto& k = c.in("keys");
+      const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
+      const int ps = param(c, "page_size");
+      const std::string gqa = c.param_s("gqa");
+      kvsift::require(gqa == "max" || gqa == "per_query_head", "method.quest.select", "gqa", gqa,
+                      "\"max\" or \"per_query_head\"");
+      const bool per_q = gqa == "per_query_head";
+      const dvec<float> keys = to_device(k.f32);
+      const dvec<float> query = to_device(q.f32);
+      const auto dg = digest(keys, h, n, d, ps);
+      const int P = dg.pages_per_head;
+      const int rows = per_q ? hq : h;
+      const auto scores = quest_scores(dg, query, h, hq / h, d, kvsift::gqa_reduce::max, per_q);
+      // Quest's budget in pages (select::page_topk, min 3 pages); a dense layer takes every page.
+      const kvsift::select::page_topk sel{{.page_size = ps, .min_pages = 3}};
+      sel.validate("method.quest.select");
+      const int pages = param(c, "layer") < param(c, "dense_layers") ? P
+                                                                     : sel.pages_for(param(c, "budget"));
+      // the current (last) page is always taken: protected as a one-page window
+      const auto kept = device_topk(scores, to_device(uniform_offsets(rows, P)), rows,
+                                    std::vector<i32>(rows, pages), 0, std::vector<i32>(rows, 1));
+      put_dense(out, "pages", to_host(kept.offsets), to_host(kept.values));
+    }};
+
+// ---- LagKV: lag_scores ---------------------------------------------------------------------------
+
+const kc::registrar score_lagkv{
+    kc::backend::thrust, "score.lagkv", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& keys = c.in("keys");
+      const auto& values = c.in("values");
+      const int H = dim(keys, 0), n = dim(keys, 1), d = dim(keys, 2);
+      const int lag = param(c, "lag");
+      const int base = std::min(param(c, "base"), n);
+      const auto variant = c.param_s("variant");
+      kt::lag_params p{.lag = lag, .value_weight = c.param_d("value_weight")};
+      if (variant == "lag") {
+        p.variant = kt::lag_variant::lag;
+      } else if (variant == "local") {
+        p.variant = kt::lag_variant::local;
+      } else if (variant == "knorm") {
+        p.variant = kt::lag_variant::knorm;
+      } else {
+        throw kc::runner_error("unknown variant '" + variant + "'");
+      }
+      const auto exec = ::thrust::device;
+      const dvec<float> k = to_device(keys.f32), v = to_device(values.f32);
+      const dvec<i32> offsets = to_device(uniform_offsets(H, n));
+      const dvec<i32> b = to_device(std::vector<i32>(static_cast<std::size_t>(H), base));
+      const std::int64_t N = static_cast<std::int64_t>(H) * n;
+      const int P = lag > 0 && n > base ? (n - base) / lag : 0;
+      const int m = P >= 2 ? (P - 1) * lag : 0;
+      // scores of keys `a` and values `b` with value weight `vw`
+      const auto run = [&](const dvec<float>& a, const dvec<float>& bb, double vw) {
+        kt::lag_params pp = p;
+        pp.value_weight = vw;
+        const kt::segmented_rows<float> ra{raw(a), raw(offsets), nullptr, 0, H, d};
+        const kt::segmented_rows<float> rb{raw(bb), raw(offsets), nullptr, 0, H, d};
+        dvec<float> o(static_cast<std::size_t>(N));
+        dvec<unsigned char> ws(kt::lag_workspace_bytes(N, H, d, lag));
+        kt::lag_scores(exec, ra, rb, raw(b), N, pp, raw(o), raw(ws), ws.size());
+        return slice_rows(to_host(o), H, n, base, m);
+      };
+      out.put_f32("scores", {H, m}, run(k, v, p.value_weight));
+      if (p.variant != kt::lag_variant::knorm) {
+        // Each side alone: weight 0 leaves s_K (+ 0 * s_V); swapping keys and values gives s_V.
+        out.put_f32("score_k", {H, m}, run(k, v, 0.0));
+        out.put_f32("score_v", {H, m}, run(v, k, 0.0));
+      }
+    }};
+
+// ---- FreeKV: freekv_group_scores -----------------------------------------------------------------
+
+kvsift::score::freekv_pages freekv_scorer(const kc::case_data& c) {
+  return kvsift::score::freekv_pages{{.page_size = param(c, "page_size"),
+                                      .sink = param(c, "sink"),
+                                      .window = param(c, "window"),
+                                      .merge = kvsift::score::parse_freekv_merge(c.param_s("merge"))}};
+}
+
+dvec<float> freekv_scores(const kc::case_data& c, const digests& dg, const dvec<float>& query,
+                          int h, int G, int d) {
+  const auto sc = freekv_scorer(c);
+  const std::int64_t pages = static_cast<std::int64_t>(h) * dg.pages_per_head;
+  dvec<float> out(static_cast<std::size_t>(pages));
+  dvec<unsigned char> ws(kt::freekv_workspace_bytes(h, G));
+  kt::freekv_group_scores(::thrust::device, raw(query), h, G, d, raw(dg.kmin), raw(dg.kmax),
+                          raw(dg.page_offsets), h, pages, sc.p.page_size, sc.p.sink, sc.p.window,
+                          sc.p.merge, raw(out), raw(ws), ws.size());
+  return out;
+}
+
+const kc::registrar score_freekv_pages{
+    kc::backend::thrust, "score.freekv_pages", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("query");
+      const auto& k = c.in("keys");
+      const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
+      const auto sc = freekv_scorer(c);
+      sc.validate("score.freekv_pages");
+      const auto lay = sc.layout(n);
+      const dvec<float> keys = to_device(k.f32);
+      const dvec<float> query = to_device(q.f32);
+      const auto dg = digest(keys, h, n, d, sc.p.page_size);
+      const int P = dg.pages_per_head;
+      if (P != lay.pages) throw kc::runner_error("page count differs from the layout's");
+      std::vector<i32> cand;
+      for (int pg = lay.candidates_first; pg < lay.candidates_last; ++pg) cand.push_back(pg);
+      out.put_i32("candidates", {lay.candidates()}, cand);
+      out.put_f32("page_scores", {hq, P},
+                  to_host(quest_scores(dg, query, h, hq / h, d, kvsift::gqa_reduce::max, true)));
+      const auto group = to_host(freekv_scores(c, dg, query, h, hq / h, d));
+      out.put_f32("group_scores", {h, lay.candidates()},
+                  slice_rows(group, h, P, lay.candidates_first, lay.candidates()));
+    }};
+
+const kc::registrar method_freekv_select{
+    kc::backend::thrust, "method.freekv.select", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("query");
+      const auto& k = c.in("keys");
+      const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
+      const int ps = param(c, "page_size"), B = param(c, "budget");
+      const kvsift::select::freekv_pages sel{
+          {.page_size = ps, .sink = param(c, "sink"), .window = param(c, "window")}};
+      sel.validate("method.freekv.select");
+      sel.validate_budget("method.freekv.select", "budget", B);
+      const dvec<float> keys = to_device(k.f32);
+      const dvec<float> query = to_device(q.f32);
+      const auto dg = digest(keys, h, n, d, ps);
+      const int P = dg.pages_per_head;
+      const bool dense = param(c, "layer") < param(c, "dense_layers");
+      const int pages = dense ? P : B / ps;
+      if (!dense && P > pages) {
+        kvsift::require(sel.selectable(B) >= 0, "method.freekv.select", "budget", B,
+                        ">= sink + window (" + std::to_string(sel.p.sink + sel.p.window) +
+                            " tokens)");
+      }
+      const auto scores = freekv_scores(c, dg, query, h, hq / h, d);
+      // sink and window pages protected, the top candidates by group score between them
+      const auto kept = device_topk(scores, to_device(uniform_offsets(h, P)), h,
+                                    std::vector<i32>(h, pages), sel.p.sink / ps,
+                                    std::vector<i32>(h, sel.p.window / ps));
+      put_dense(out, "pages", to_host(kept.offsets), to_host(kept.values));
+    }};
+
+}  // namespace
