@@ -17,4 +17,5 @@ list(APPEND KVSIFT_CONFORMANCE_KINDS budget.heterocache method.heterocache.prefi
 # --backend thrust` (test conformance.thrust.<sys>.kinds).
 set(KVSIFT_CONFORMANCE_THRUST_KINDS
     select.topk score.snapkv method.snapkv.prefill method.pyramidkv.prefill
-    score.quest_pages method.quest.select score.lagkv score.freekv_pages method.freekv.select)
+    score.quest_pages method.quest.select score.lagkv method.lagkv.prefill score.freekv_pages
+    method.freekv.select)

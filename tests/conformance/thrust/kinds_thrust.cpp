@@ -8,12 +8,14 @@
 // and puts them as outputs; the runner compares them exactly as it compares the CPU handlers'
 // (SPEC §4). Nothing here calls a CPU scorer or selector: the only library code run on the host
 // is parameter arithmetic (budget::pyramid_past_budget, select::page_topk::pages_for,
-// score::freekv_pages::layout, the selectors' parameter checks).
+// select::partition_topk::keep_per_partition, score::freekv_pages::layout, the selectors'
+// parameter checks) and one precondition of thrust::segmented_topk that it documents but does
+// not check (require_protected_fit).
 //
 // Method kinds (method.snapkv.prefill, method.pyramidkv.prefill, method.quest.select,
-// method.freekv.select) are composed here the way the method composes its components:
-// scorer -> budget -> segmented top-k with the protected sink / window -> gather of the kept
-// rows, whose gathered positions are the output. The kinds are listed in kinds.cmake
+// method.freekv.select, method.lagkv.prefill) are composed here the way the method composes its
+// components: scorer -> budget -> segmented top-k with the protected sink / window -> gather of
+// the kept rows, whose gathered positions are the output. The kinds are listed in kinds.cmake
 // (KVSIFT_CONFORMANCE_THRUST_KINDS); `--list-kinds --backend thrust` prints them.
 
 #include "../runner.hpp"
@@ -21,8 +23,10 @@
 #include <kvsift/budget/pyramid.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/score/freekv_pages.hpp>
+#include <kvsift/score/lag.hpp>
 #include <kvsift/select/freekv_pages.hpp>
 #include <kvsift/select/page_topk.hpp>
+#include <kvsift/select/partition_topk.hpp>
 #include <kvsift/thrust/all.hpp>
 #include <kvsift/thrust/freekv_pages.hpp>
 
@@ -408,6 +412,16 @@ const kc::registrar method_quest_select{
 
 // ---- LagKV: lag_scores ---------------------------------------------------------------------------
 
+// The case's `variant` as the Thrust backend's enum (score::parse_lag_variant's names).
+kt::lag_variant lag_variant_of(const kc::case_data& c) {
+  switch (kvsift::score::parse_lag_variant(c.param_s("variant"))) {
+    case kvsift::score::lag_variant::lag: return kt::lag_variant::lag;
+    case kvsift::score::lag_variant::local: return kt::lag_variant::local;
+    case kvsift::score::lag_variant::knorm: return kt::lag_variant::knorm;
+  }
+  throw kc::runner_error("unknown variant");
+}
+
 const kc::registrar score_lagkv{
     kc::backend::thrust, "score.lagkv", [](const kc::case_data& c, kc::outputs& out) {
       const auto& keys = c.in("keys");
@@ -415,17 +429,9 @@ const kc::registrar score_lagkv{
       const int H = dim(keys, 0), n = dim(keys, 1), d = dim(keys, 2);
       const int lag = param(c, "lag");
       const int base = std::min(param(c, "base"), n);
-      const auto variant = c.param_s("variant");
-      kt::lag_params p{.lag = lag, .value_weight = c.param_d("value_weight")};
-      if (variant == "lag") {
-        p.variant = kt::lag_variant::lag;
-      } else if (variant == "local") {
-        p.variant = kt::lag_variant::local;
-      } else if (variant == "knorm") {
-        p.variant = kt::lag_variant::knorm;
-      } else {
-        throw kc::runner_error("unknown variant '" + variant + "'");
-      }
+      const kt::lag_params p{.lag = lag,
+                             .value_weight = c.param_d("value_weight"),
+                             .variant = lag_variant_of(c)};
       const auto exec = ::thrust::device;
       const dvec<float> k = to_device(keys.f32), v = to_device(values.f32);
       const dvec<i32> offsets = to_device(uniform_offsets(H, n));
@@ -450,6 +456,85 @@ const kc::registrar score_lagkv{
         out.put_f32("score_k", {H, m}, run(k, v, 0.0));
         out.put_f32("score_v", {H, m}, run(v, k, 0.0));
       }
+    }};
+
+// LagKV's prefill on the device. The rounds of SPEC's chunk-by-chunk recursion (first S + 2L
+// tokens, then chunks of L) score partition p against raw partition p + 1 whatever the chunking,
+// so they run at once, as kvsift::lagkv's prefill runs them: lag_scores over [S, n) with base S,
+// one segmented top-k whose segments per head are the sink, each scored partition (keeping
+// floor(r L)) and the raw tail (kept whole; both score +inf), then the kept rows gathered.
+
+// Head-local index of kept entry t: its sub-segment's start minus the head's first token.
+struct head_local_fn {
+  const i32* sub_offsets;   // [H * per_head + 1] token offsets of the sub-segments
+  const i32* kept_offsets;  // [H * per_head + 1] CSR of the kept sub-segment-local indices
+  int num_sub;
+  int per_head;
+  int n;
+  i32* kept;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const int s = kt::detail::segment_of(kept_offsets, num_sub, t);
+    kept[t] += sub_offsets[s] - (s / per_head) * n;
+  }
+};
+
+const kc::registrar method_lagkv_prefill{
+    kc::backend::thrust, "method.lagkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& keys = c.in("keys");
+      const auto& values = c.in("values");
+      const int H = dim(keys, 0), n = dim(keys, 1), d = dim(keys, 2);
+      const kvsift::select::partition_topk sel{{.sink = param(c, "sink"),
+                                                .lag = param(c, "lag"),
+                                                .keep_fraction = c.param_d("keep_fraction")}};
+      sel.validate("method.lagkv.prefill");
+      const int S = sel.p.sink, L = sel.p.lag, k = sel.keep_per_partition();
+      const kt::lag_params p{.lag = L,
+                             .value_weight = c.param_d("value_weight"),
+                             .variant = lag_variant_of(c)};
+      const auto exec = ::thrust::device;
+      const int base0 = std::min(S, n);
+      const int P = (n - base0) / L;        // full partitions of [base0, n)
+      const int scored = P >= 2 ? P - 1 : 0;  // partitions compressed (= rounds)
+      const std::int64_t N = static_cast<std::int64_t>(H) * n;
+      const dvec<float> kd = to_device(keys.f32), vd = to_device(values.f32);
+      const dvec<i32> offsets = to_device(uniform_offsets(H, n));
+      const dvec<i32> base = to_device(std::vector<i32>(static_cast<std::size_t>(H), base0));
+      dvec<float> scores(static_cast<std::size_t>(N));
+      {
+        const kt::segmented_rows<float> rk{raw(kd), raw(offsets), nullptr, 0, H, d};
+        const kt::segmented_rows<float> rv{raw(vd), raw(offsets), nullptr, 0, H, d};
+        dvec<unsigned char> ws(kt::lag_workspace_bytes(N, H, d, L));
+        kt::lag_scores(exec, rk, rv, raw(base), N, p, raw(scores), raw(ws), ws.size());
+      }
+      // sub-segments per head: [0, base0), the scored partitions, the tail (possibly empty)
+      const int per_head = scored + 2;
+      std::vector<i32> sub{0}, budgets;
+      for (int h = 0; h < H; ++h) {
+        sub.push_back(h * n + base0);
+        budgets.push_back(base0);
+        for (int q = 0; q < scored; ++q) {
+          sub.push_back(sub.back() + L);
+          budgets.push_back(k);
+        }
+        sub.push_back((h + 1) * n);
+        budgets.push_back(n - base0 - scored * L);
+      }
+      const int num_sub = H * per_head;
+      const dvec<i32> sub_d = to_device(sub);
+      auto kept = device_topk(scores, sub_d, num_sub, budgets, 0,
+                              std::vector<i32>(static_cast<std::size_t>(num_sub), 0));
+      ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), kept.total,
+                           head_local_fn{raw(sub_d), raw(kept.offsets), num_sub, per_head, n,
+                                         raw(kept.values)});
+      // per-head CSR: every per_head-th sub-segment offset
+      const auto sub_kept = to_host(kept.offsets);
+      std::vector<i32> head_offsets;
+      for (int h = 0; h <= H; ++h) head_offsets.push_back(sub_kept[static_cast<std::size_t>(h) * per_head]);
+      device_sets per_head_sets{to_device(head_offsets), std::move(kept.values), kept.total};
+      const auto sets = gather_kept(kd, H, n, d, per_head_sets);
+      put_dense(out, "kept", sets.offsets, sets.values);
+      out.put_i32("base", {1}, {base0 + scored * k});
+      out.put_i32("rounds", {1}, {scored});
     }};
 
 // ---- FreeKV: freekv_group_scores -----------------------------------------------------------------
