@@ -5,9 +5,11 @@
 // THRUST_DEVICE_SYSTEM_CPP or _OMP) and with nvcc; never pulled in by kvsift.hpp.
 
 #include <kvsift/thrust/common.hpp>
+#include <kvsift/thrust/flashinfer.hpp>
 #include <kvsift/thrust/gather.hpp>
 #include <kvsift/thrust/lag.hpp>
 #include <kvsift/thrust/math.hpp>
 #include <kvsift/thrust/page_minmax.hpp>
+#include <kvsift/thrust/plan.hpp>
 #include <kvsift/thrust/segmented_topk.hpp>
 #include <kvsift/thrust/window_attention.hpp>
