@@ -370,8 +370,8 @@ const char* where_backend_lives(backend b) {
       return "the Thrust handlers are compiled into kvsift-conformance-thrust-cpp and "
              "kvsift-conformance-thrust-omp (CMake option KVSIFT_ENABLE_THRUST and CCCL 3.x)";
     case backend::cuda:
-      return "no CUDA conformance handlers exist yet: a CUDA runner needs KVSIFT_ENABLE_CUDA=ON, "
-             "nvcc and a GPU";
+      return "no runner is built with CUDA conformance handlers (none exist yet, issue #15); "
+             "use --backend cpu, or --backend thrust with kvsift-conformance-thrust-cpp/-omp";
     case backend::cpu:
       break;
   }

@@ -83,7 +83,8 @@ std::vector<i32> uniform_offsets(int segments, int n) {
   return o;
 }
 
-// Rows of `segments` segments, for the offsets of one of `n` rows each.
+// Every block of `block` values of src repeated `copies_each` times in a row: KV head h's keys
+// once per query head of its group.
 template <class T>
 std::vector<T> repeat_blocks(const std::vector<T>& src, std::size_t block, int copies_each) {
   std::vector<T> out;
