@@ -119,8 +119,15 @@ void bm_probe_key_norm_simd(benchmark::State& st, const model& m, int n, int r) 
 
 // ---- attention over a kept set ----------------------------------------------------------------
 // Bytes: the kept keys and values read once.
+// `portable` pins cpu/decode_attention.hpp's portable path (the AVX-512 path is the default where
+// the CPU has it), so both are measured in the same run.
 template <class T>
-void bm_attend(benchmark::State& st, const model& m, int n, int budget, int r) {
+void bm_attend(benchmark::State& st, const model& m, int n, int budget, int r, bool portable = false) {
+  if (portable) kvsift::cpu::force_simd(kvsift::cpu::simd::portable);
+  struct unpin {
+    ~unpin() { kvsift::cpu::unforce_simd(); }
+  } const restore;
+  st.SetLabel(std::string(kvsift::cpu::simd_name(kvsift::cpu::active_simd())));
   auto& fx = layer_of<T>(m, n, r);
   index_sets plan;
   const auto kept = spread(n, budget);
@@ -338,6 +345,10 @@ void register_typed(const model& m, int n, int r) {
   }
   add(name_of("attention", "attend_plan", m, dt, n, n, r),
       [=](benchmark::State& st) { bm_attend<T>(st, *mp, n, n, r); });
+  if (kvsift::cpu::detected_simd() != kvsift::cpu::simd::portable) {
+    add(name_of("attention", "attend_plan_portable", m, dt, n, n, r),
+        [=](benchmark::State& st) { bm_attend<T>(st, *mp, n, n, r, true); });
+  }
 }
 
 template <class T>

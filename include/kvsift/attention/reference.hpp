@@ -8,6 +8,7 @@
 #include <kvsift/core/segments.hpp>
 #include <kvsift/core/shape.hpp>
 #include <kvsift/core/view.hpp>
+#include <kvsift/cpu/decode_attention.hpp>
 #include <kvsift/cpu/math.hpp>
 #include <kvsift/cpu/parallel.hpp>
 
@@ -78,41 +79,17 @@ void attend_plan(const Store& store, int request, int layer, const float* q,
   const int d = sh.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const std::int64_t work = static_cast<std::int64_t>(plan.size(first_segment)) * d * (G + 1);
+  using T = typename Store::element_type;
   cpu::parallel_for(sh.kv_heads, [&](std::int64_t h64) {
     const int h = static_cast<int>(h64);
     const auto seq = sh.sequence(request, layer, h);
     const auto slots = plan[first_segment + h];
-    const std::size_t m = slots.size();
-    thread_local std::vector<float> logits, row;
-    logits.resize(static_cast<std::size_t>(G) * m);
-    row.resize(static_cast<std::size_t>(d));
-    // a KV row as floats: the row itself for float storage, else converted once for the group
-    const auto as_float = [&](const auto* x) -> const float* {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*x)>, float>) {
-        return x;
-      } else {
-        for (int c = 0; c < d; ++c) row[c] = to_float(x[c]);
-        return row.data();
-      }
-    };
-    const float* qg = q + static_cast<std::size_t>(h) * G * d;
-    for (std::size_t j = 0; j < m; ++j) {
-      const float* k = as_float(store.key(seq, slots[j]));
-      for (int g = 0; g < G; ++g) logits[g * m + j] = kvsift::dot(qg + g * d, k, d) * scale;
-    }
-    float* og = out + static_cast<std::size_t>(h) * G * d;
-    for (int g = 0; g < G; ++g) {
-      cpu::softmax_fast(std::span<float>(logits.data() + g * m, m));
-      for (int c = 0; c < d; ++c) og[g * d + c] = 0.0f;
-    }
-    for (std::size_t j = 0; j < m; ++j) {
-      const float* v = as_float(store.value(seq, slots[j]));
-      for (int g = 0; g < G; ++g) {
-        const float w = logits[g * m + j];
-        float* o = og + g * d;
-        for (int c = 0; c < d; ++c) o[c] += w * v[c];
-      }
-    }
+    thread_local std::vector<float> logits;
+    cpu::attend_group<T>(
+        q + static_cast<std::size_t>(h) * G * d, G, d, slots.size(),
+        [&](std::size_t j) { return store.key(seq, slots[j]); },
+        [&](std::size_t j) { return store.value(seq, slots[j]); },
+        out + static_cast<std::size_t>(h) * G * d, scale, logits);
   }, cpu::par, work);
 }
 

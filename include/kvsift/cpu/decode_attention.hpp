@@ -1,0 +1,340 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Decode attention of one GQA group on the CPU: the G query heads of a KV head against m kept
+// rows, each K and V row read once for the whole group. Two implementations behind one call:
+//
+// - portable: plain C++ over core/dot.hpp's 8-lane order (any compiler, any CPU; the path nvcc's
+//   host pass and non-x86 builds take);
+// - avx512: AVX-512F + F16C intrinsics in functions compiled for that ISA
+//   (`__attribute__((target))`), chosen at run time when the CPU has them, so a binary built for
+//   generic x86-64 still uses 16-lane FMAs, one-instruction bf16/f16 -> f32 conversion and a
+//   vectorised exp. Needs head_dim % 16 == 0; other shapes take the portable path.
+//
+// Both compute softmax(q . k / sqrt(d)) v with the row maximum subtracted; they differ only in
+// the order of float sums (within 1e-5 relative; tests/test_decode_attention.cpp). The choice can
+// be pinned with `cpu::force_simd(...)` (tests, benchmarks) or KVSIFT_SIMD=portable in the
+// environment, read once.
+
+#include <kvsift/core/element.hpp>
+#include <kvsift/cpu/math.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
+    !defined(KVSIFT_PORTABLE_ONLY)
+#define KVSIFT_HAVE_AVX512_PATH 1
+// GCC 12's AVX-512 wrappers start from a self-initialised "undefined" vector, which
+// -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
+#define KVSIFT_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#else
+#define KVSIFT_HAVE_AVX512_PATH 0
+#endif
+
+namespace kvsift::cpu {
+
+enum class simd { portable, avx512 };
+
+inline std::string_view simd_name(simd s) { return s == simd::avx512 ? "avx512" : "portable"; }
+
+// What this CPU and build can run.
+inline simd detected_simd() {
+#if KVSIFT_HAVE_AVX512_PATH
+  // every CPU with AVX-512F also has the FMA, AVX2 and F16C the kernels use
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has ? simd::avx512 : simd::portable;
+#else
+  return simd::portable;
+#endif
+}
+
+namespace detail {
+// -1: no override; otherwise the forced simd value.
+inline std::atomic<int>& simd_override() {
+  static std::atomic<int> v{[] {
+    const char* env = std::getenv("KVSIFT_SIMD");
+    return env != nullptr && std::string_view(env) == "portable" ? static_cast<int>(simd::portable)
+                                                                  : -1;
+  }()};
+  return v;
+}
+}  // namespace detail
+
+// The path decode attention takes: the detected one unless pinned. Pinning a level the CPU lacks
+// falls back to portable.
+inline simd active_simd() {
+  const int o = detail::simd_override().load(std::memory_order_relaxed);
+  if (o == static_cast<int>(simd::portable)) return simd::portable;
+  return detected_simd();
+}
+// Pins (or, with no argument, unpins) the path; for tests and side-by-side benchmarks.
+inline void force_simd(simd s) { detail::simd_override().store(static_cast<int>(s)); }
+inline void unforce_simd() { detail::simd_override().store(-1); }
+
+namespace detail {
+
+// The portable path: logits [G, m] (K rows read once for the group), softmax_fast per query head,
+// then V rows read once, accumulated into out [G, d].
+template <Element T, class KeyAt, class ValueAt>
+void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&& key,
+                           ValueAt&& value, float* out, float scale, std::vector<float>& logits) {
+  thread_local std::vector<float> row;
+  logits.resize(static_cast<std::size_t>(G) * m);
+  row.resize(static_cast<std::size_t>(d));
+  const auto as_float = [&](const T* x) -> const float* {  // converted once for the group
+    if constexpr (std::is_same_v<T, float>) {
+      return x;
+    } else {
+      for (int c = 0; c < d; ++c) row[c] = to_float(x[c]);
+      return row.data();
+    }
+  };
+  for (std::size_t j = 0; j < m; ++j) {
+    const float* k = as_float(key(j));
+    for (int g = 0; g < G; ++g) logits[g * m + j] = kvsift::dot(qg + g * d, k, d) * scale;
+  }
+  for (int g = 0; g < G; ++g) {
+    softmax_fast(std::span<float>(logits.data() + g * m, m));
+    for (int c = 0; c < d; ++c) out[g * d + c] = 0.0f;
+  }
+  for (std::size_t j = 0; j < m; ++j) {
+    const float* v = as_float(value(j));
+    for (int g = 0; g < G; ++g) {
+      const float w = logits[g * m + j];
+      float* o = out + g * d;
+      for (int c = 0; c < d; ++c) o[c] += w * v[c];
+    }
+  }
+}
+
+#if KVSIFT_HAVE_AVX512_PATH
+namespace avx512 {
+
+// 16 elements as floats: bf16 is the upper half of a binary32 (a shift), f16 converts exactly.
+template <Element T>
+KVSIFT_TARGET_AVX512 inline __m512 load16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+template <Element T>
+KVSIFT_TARGET_AVX512 inline void prefetch_row(const T* p, int d) {
+  const char* b = reinterpret_cast<const char*>(p);
+  const int bytes = d * static_cast<int>(sizeof(T));
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + o, _MM_HINT_T0);
+}
+
+// [sum(a), sum(b), sum(c), sum(d)]. (The maskz forms with a full mask are the plain
+// instructions; GCC 12's unmasked wrappers pass an undefined vector that -Wmaybe-uninitialized
+// reports at every use.)
+KVSIFT_TARGET_AVX512 inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  constexpr __mmask16 all = 0xffff;
+  const __m512 ab = _mm512_add_ps(_mm512_maskz_unpacklo_ps(all, a, b), _mm512_maskz_unpackhi_ps(all, a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_maskz_unpacklo_ps(all, c, d), _mm512_maskz_unpackhi_ps(all, c, d));
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+  const __m256 lo = _mm512_castps512_ps256(s);
+  const __m256 hi = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xff, _mm512_castps_pd(s), 1));
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  return _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+}
+
+// exp_nonpositive (cpu/math.hpp) on 16 lanes.
+KVSIFT_TARGET_AVX512 inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
+                                   _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+constexpr int kPrefetchRows = 4;
+
+// logits[g * ld + j] = scale * q_g . key(j) for the GC query heads q [GC, d]; each key row is
+// converted once and used by all GC heads.
+template <int GC, Element T, class KeyAt>
+KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, KeyAt& key,
+                                       float scale, float* logits, std::size_t ld) {
+  static_assert(GC >= 1 && GC <= 8);
+  const int nb = d / 16;
+  const __m128 sc = _mm_set1_ps(scale);
+  for (std::size_t j = 0; j < m; ++j) {
+    if (j + kPrefetchRows < m) prefetch_row(key(j + kPrefetchRows), d);
+    const T* k = key(j);
+    __m512 acc[8];
+    for (int g = 0; g < 8; ++g) acc[g] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      const __m512 kv = load16(k + 16 * b);
+      for (int g = 0; g < GC; ++g) {
+        acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * d + 16 * b), kv, acc[g]);
+      }
+    }
+    alignas(16) float s[8];
+    _mm_store_ps(s, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), sc));
+    if constexpr (GC > 4) _mm_store_ps(s + 4, _mm_mul_ps(hsum4(acc[4], acc[5], acc[6], acc[7]), sc));
+    for (int g = 0; g < GC; ++g) logits[g * ld + j] = s[g];
+  }
+}
+
+// x[j] = exp(x[j] - max x) over one row; returns the sum (the normaliser, applied at the end).
+KVSIFT_TARGET_AVX512 inline float exp_row(float* x, std::size_t m) {
+  std::size_t j = 0;
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (; j + 16 <= m; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + j));
+  float top = _mm512_reduce_max_ps(mx);
+  for (; j < m; ++j) top = std::max(top, x[j]);
+  const __m512 t = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  j = 0;
+  for (; j + 16 <= m; j += 16) {
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(x + j), t));
+    _mm512_storeu_ps(x + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (j < m) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (m - j)) - 1u);
+    const __m512 e =
+        exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), t));
+    _mm512_mask_storeu_ps(x + j, tail, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+// out[g, c0 .. c0 + 16 CT) = inv[g] * sum_j w[g * ld + j] value(j)[c0 ..], for GC heads; the
+// accumulators stay in registers across all m rows.
+template <int GC, int CT, Element T, class ValueAt>
+KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, const float* inv,
+                                           int c0, int d, std::size_t m, ValueAt& value,
+                                           float* out) {
+  static_assert(GC * CT <= 16);
+  __m512 acc[GC][CT];
+  for (int g = 0; g < GC; ++g) {
+    for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_setzero_ps();
+  }
+  for (std::size_t j = 0; j < m; ++j) {
+    if (j + kPrefetchRows < m) {
+      _mm_prefetch(reinterpret_cast<const char*>(value(j + kPrefetchRows) + c0), _MM_HINT_T0);
+    }
+    const T* v = value(j) + c0;
+    __m512 vv[CT];
+    for (int t = 0; t < CT; ++t) vv[t] = load16(v + 16 * t);
+    for (int g = 0; g < GC; ++g) {
+      const __m512 wg = _mm512_set1_ps(w[g * ld + j]);
+      for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_fmadd_ps(wg, vv[t], acc[g][t]);
+    }
+  }
+  for (int g = 0; g < GC; ++g) {
+    const __m512 s = _mm512_set1_ps(inv[g]);
+    for (int t = 0; t < CT; ++t) {
+      _mm512_storeu_ps(out + g * d + c0 + 16 * t, _mm512_mul_ps(acc[g][t], s));
+    }
+  }
+}
+
+// Channel tile for GC heads: as many 16-lane blocks as fit 16 accumulators, so V rows are walked
+// once per tile and each cache line of a row belongs to one tile (read once).
+template <int GC, Element T, class ValueAt>
+KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
+                                           std::size_t m, ValueAt& value, float* out) {
+  constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 8 : GC <= 4 ? 4 : 2;
+  int c0 = 0;
+  for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
+    accumulate_block<GC, kTile, T>(w, ld, inv, c0, d, m, value, out);
+  }
+  for (; c0 < d; c0 += 16) accumulate_block<GC, 1, T>(w, ld, inv, c0, d, m, value, out);
+}
+
+template <class F>
+void with_heads(int gc, F&& f) {
+  switch (gc) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 5: f.template operator()<5>(); break;
+    case 6: f.template operator()<6>(); break;
+    case 7: f.template operator()<7>(); break;
+    default: f.template operator()<8>(); break;
+  }
+}
+
+template <Element T, class KeyAt, class ValueAt>
+void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key, ValueAt& value,
+                  float* out, float scale, std::vector<float>& logits) {
+  logits.resize(static_cast<std::size_t>(G) * m);
+  float* lg = logits.data();
+  for (int g0 = 0; g0 < G; g0 += 8) {
+    with_heads(std::min(8, G - g0), [&]<int GC>() {
+      logits_block<GC, T>(qg + g0 * d, d, m, key, scale, lg + g0 * m, m);
+    });
+  }
+  thread_local std::vector<float> inv;
+  inv.resize(static_cast<std::size_t>(G));
+  for (int g = 0; g < G; ++g) inv[g] = 1.0f / exp_row(lg + g * m, m);
+  for (int g0 = 0; g0 < G; g0 += 8) {
+    with_heads(std::min(8, G - g0), [&]<int GC>() {
+      accumulate_heads<GC, T>(lg + g0 * m, m, inv.data() + g0, d, m, value, out + g0 * d);
+    });
+  }
+}
+
+}  // namespace avx512
+#endif
+
+}  // namespace detail
+
+// out [G, d] = softmax(scale * qg . key(j)) . value(j) over j in [0, m) for the G query heads qg
+// [G, d] of one KV head; key(j) / value(j) return pointers to d elements of type T. m == 0 gives
+// zeros. `logits` is scratch (G * m floats).
+template <Element T, class KeyAt, class ValueAt>
+void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt&& key, ValueAt&& value,
+                  float* out, float scale, std::vector<float>& logits) {
+  if (m == 0) {
+    std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
+    return;
+  }
+#if KVSIFT_HAVE_AVX512_PATH
+  if (d % 16 == 0 && active_simd() == simd::avx512) {
+    detail::avx512::attend_group<T>(qg, G, d, m, key, value, out, scale, logits);
+    return;
+  }
+#endif
+  detail::attend_group_portable<T>(qg, G, d, m, key, value, out, scale, logits);
+}
+
+}  // namespace kvsift::cpu
