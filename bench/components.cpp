@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 namespace kvbench {
 namespace {
@@ -123,10 +124,8 @@ void bm_probe_key_norm_simd(benchmark::State& st, const model& m, int n, int r) 
 // the CPU has it), so both are measured in the same run.
 template <class T>
 void bm_attend(benchmark::State& st, const model& m, int n, int budget, int r, bool portable = false) {
-  if (portable) kvsift::cpu::force_simd(kvsift::cpu::simd::portable);
-  struct unpin {
-    ~unpin() { kvsift::cpu::unforce_simd(); }
-  } const restore;
+  std::optional<kvsift::cpu::scoped_simd> pin;
+  if (portable) pin.emplace(kvsift::cpu::simd::portable);
   st.SetLabel(std::string(kvsift::cpu::simd_name(kvsift::cpu::active_simd())));
   auto& fx = layer_of<T>(m, n, r);
   index_sets plan;

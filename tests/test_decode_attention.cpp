@@ -26,12 +26,7 @@ using kvsift::bfloat16;
 using kvsift::half;
 namespace cpu = kvsift::cpu;
 
-struct pin {  // pins a path for one scope
-  explicit pin(cpu::simd s) { cpu::force_simd(s); }
-  ~pin() { cpu::unforce_simd(); }
-  pin(const pin&) = delete;
-  pin& operator=(const pin&) = delete;
-};
+using pin = cpu::scoped_simd;
 
 template <class T>
 struct group_case {
@@ -123,6 +118,7 @@ TEMPLATE_TEST_CASE("decode attention of a GQA group: portable and avx512 paths m
   }
   require_close(portable, ref, 2e-5, "portable " + where);
   if (cpu::detected_simd() == cpu::simd::avx512) {
+    const pin p(cpu::simd::avx512);
     REQUIRE(cpu::active_simd() == cpu::simd::avx512);
     const auto fast = c.run();
     require_close(fast, ref, 2e-5, "avx512 " + where);
@@ -141,15 +137,27 @@ TEST_CASE("decode attention over no rows writes zeros", "[decode_attention]") {
   }
 }
 
-TEST_CASE("KVSIFT_SIMD pinning: force_simd(portable) wins, unforce restores the detected path",
+TEST_CASE("pinning the path: scoped pins nest and restore, force/unforce, never above detected",
           "[decode_attention]") {
-  cpu::force_simd(cpu::simd::portable);
-  REQUIRE(cpu::active_simd() == cpu::simd::portable);
-  cpu::unforce_simd();
-  REQUIRE(cpu::active_simd() == cpu::detected_simd());
-  cpu::force_simd(cpu::simd::avx512);  // a level the CPU may lack: never more than detected
-  REQUIRE(cpu::active_simd() == cpu::detected_simd());
-  cpu::unforce_simd();
+  const cpu::simd before = cpu::active_simd();  // KVSIFT_SIMD=portable in the environment pins
+  {
+    const pin outer(cpu::simd::portable);
+    REQUIRE(cpu::active_simd() == cpu::simd::portable);
+    {
+      const pin inner(cpu::simd::avx512);  // a level the CPU may lack: never more than detected
+      REQUIRE(cpu::active_simd() == cpu::detected_simd());
+    }
+    REQUIRE(cpu::active_simd() == cpu::simd::portable);
+  }
+  REQUIRE(cpu::active_simd() == before);
+  {
+    const pin keep(before);  // restores the environment's pin after the force/unforce below
+    cpu::force_simd(cpu::simd::portable);
+    REQUIRE(cpu::active_simd() == cpu::simd::portable);
+    cpu::unforce_simd();
+    REQUIRE(cpu::active_simd() == cpu::detected_simd());
+  }
+  REQUIRE(cpu::active_simd() == before);
 }
 
 TEMPLATE_TEST_CASE("attend_plan gives the same output on both paths, ragged plan", "[decode_attention]",
@@ -176,7 +184,10 @@ TEMPLATE_TEST_CASE("attend_plan gives the same output on both paths, ragged plan
     const pin p(cpu::simd::portable);
     kvsift::attention::attend_plan(store, 0, 0, q.data(), plan, a.data());
   }
-  kvsift::attention::attend_plan(store, 0, 0, q.data(), plan, b.data());
+  {
+    const pin p(cpu::detected_simd());
+    kvsift::attention::attend_plan(store, 0, 0, q.data(), plan, b.data());
+  }
   require_close(b, a, 2e-5, "attend_plan");
   // and each group against attend_row, the one-query reference
   for (int h = 0; h < 8; ++h) {

@@ -12,9 +12,9 @@
 //   vectorised exp. Needs head_dim % 16 == 0; other shapes take the portable path.
 //
 // Both compute softmax(q . k / sqrt(d)) v with the row maximum subtracted; they differ only in
-// the order of float sums (within 1e-5 relative; tests/test_decode_attention.cpp). The choice can
-// be pinned with `cpu::force_simd(...)` (tests, benchmarks) or KVSIFT_SIMD=portable in the
-// environment, read once.
+// the order of float sums (within 2e-5 of a float64 reference; tests/test_decode_attention.cpp).
+// The choice can be pinned with `cpu::scoped_simd` / `cpu::force_simd` (tests, benchmarks) or
+// KVSIFT_SIMD=portable in the environment, read once.
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/cpu/math.hpp>
@@ -86,9 +86,22 @@ inline simd active_simd() {
   if (o == static_cast<int>(simd::portable)) return simd::portable;
   return detected_simd();
 }
-// Pins (or, with no argument, unpins) the path; for tests and side-by-side benchmarks.
+// Pins the path (process-wide) / drops any pin, KVSIFT_SIMD's included.
 inline void force_simd(simd s) { detail::simd_override().store(static_cast<int>(s)); }
 inline void unforce_simd() { detail::simd_override().store(-1); }
+
+// Pins the path for a scope and restores what was there before (a KVSIFT_SIMD pin included);
+// for tests and side-by-side benchmarks.
+class scoped_simd {
+ public:
+  explicit scoped_simd(simd s) : saved_(detail::simd_override().exchange(static_cast<int>(s))) {}
+  ~scoped_simd() { detail::simd_override().store(saved_); }
+  scoped_simd(const scoped_simd&) = delete;
+  scoped_simd& operator=(const scoped_simd&) = delete;
+
+ private:
+  int saved_;
+};
 
 namespace detail {
 
@@ -182,28 +195,62 @@ KVSIFT_TARGET_AVX512 inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-constexpr int kPrefetchRows = 4;
+constexpr int kPrefetchRows = 16;
 
-// logits[g * ld + j] = scale * q_g . key(j) for the GC query heads q [GC, d]; each key row is
-// converted once and used by all GC heads.
+// logits[g * ld + j + r] = scale * q_g . k[r] for four rows k[0..3] and GC <= 4 query heads:
+// 4 x GC independent accumulator chains (a row's 16-lane blocks are a chain of d / 16 dependent
+// FMAs; one row at a time leaves the FMA units waiting on that latency), and the four rows of a
+// head reduce together into four consecutive logits.
+template <int GC, Element T>
+KVSIFT_TARGET_AVX512 inline void logits_quad(const float* q, int d, const T* const* k, float scale,
+                                             float* logits, std::size_t ld, std::size_t j) {
+  static_assert(GC >= 1 && GC <= 4);
+  __m512 acc[GC][4];
+  for (int g = 0; g < GC; ++g) {
+    for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_setzero_ps();
+  }
+  for (int b = 0; b < d / 16; ++b) {
+    __m512 kv[4];
+    for (int r = 0; r < 4; ++r) kv[r] = load16(k[r] + 16 * b);
+    for (int g = 0; g < GC; ++g) {
+      const __m512 qv = _mm512_loadu_ps(q + g * d + 16 * b);
+      for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_fmadd_ps(qv, kv[r], acc[g][r]);
+    }
+  }
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int g = 0; g < GC; ++g) {
+    _mm_storeu_ps(logits + g * ld + j,
+                  _mm_mul_ps(hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), sc));
+  }
+}
+
+// logits[g * ld + j] = scale * q_g . key(j) for the GC <= 8 query heads q [GC, d]: rows in fours
+// (each row converted once per four heads), the last m % 4 one by one.
 template <int GC, Element T, class KeyAt>
 KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, KeyAt& key,
                                        float scale, float* logits, std::size_t ld) {
   static_assert(GC >= 1 && GC <= 8);
-  const int nb = d / 16;
-  const __m128 sc = _mm_set1_ps(scale);
-  for (std::size_t j = 0; j < m; ++j) {
-    if (j + kPrefetchRows < m) prefetch_row(key(j + kPrefetchRows), d);
+  std::size_t j = 0;
+  for (; j + 4 <= m; j += 4) {
+    for (std::size_t p = j + kPrefetchRows; p < std::min(m, j + kPrefetchRows + 4); ++p) {
+      prefetch_row(key(p), d);
+    }
+    const T* k[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
+    logits_quad<(GC < 4 ? GC : 4), T>(q, d, k, scale, logits, ld, j);
+    if constexpr (GC > 4) logits_quad<GC - 4, T>(q + 4 * d, d, k, scale, logits + 4 * ld, ld, j);
+  }
+  for (; j < m; ++j) {
     const T* k = key(j);
     __m512 acc[8];
     for (int g = 0; g < 8; ++g) acc[g] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
+    for (int b = 0; b < d / 16; ++b) {
       const __m512 kv = load16(k + 16 * b);
       for (int g = 0; g < GC; ++g) {
         acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * d + 16 * b), kv, acc[g]);
       }
     }
     alignas(16) float s[8];
+    const __m128 sc = _mm_set1_ps(scale);
     _mm_store_ps(s, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), sc));
     if constexpr (GC > 4) _mm_store_ps(s + 4, _mm_mul_ps(hsum4(acc[4], acc[5], acc[6], acc[7]), sc));
     for (int g = 0; g < GC; ++g) logits[g * ld + j] = s[g];
@@ -247,8 +294,11 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, const
     for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_setzero_ps();
   }
   for (std::size_t j = 0; j < m; ++j) {
-    if (j + kPrefetchRows < m) {
-      _mm_prefetch(reinterpret_cast<const char*>(value(j + kPrefetchRows) + c0), _MM_HINT_T0);
+    if (j + kPrefetchRows < m) {  // this tile's part of a row ahead
+      const char* ahead = reinterpret_cast<const char*>(value(j + kPrefetchRows) + c0);
+      for (int o = 0; o < 16 * CT * static_cast<int>(sizeof(T)); o += 64) {
+        _mm_prefetch(ahead + o, _MM_HINT_T0);
+      }
     }
     const T* v = value(j) + c0;
     __m512 vv[CT];
@@ -294,8 +344,20 @@ void with_heads(int gc, F&& f) {
 }
 
 template <Element T, class KeyAt, class ValueAt>
-void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key, ValueAt& value,
+void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, ValueAt& value_at,
                   float* out, float scale, std::vector<float>& logits) {
+  // Row addresses once (a paged store divides by the page size per lookup; the kernels and their
+  // prefetches ask for each row several times)
+  thread_local std::vector<const T*> rows;
+  rows.resize(2 * m);
+  const T** krow = rows.data();
+  const T** vrow = rows.data() + m;
+  for (std::size_t j = 0; j < m; ++j) {
+    krow[j] = key_at(j);
+    vrow[j] = value_at(j);
+  }
+  auto key = [krow](std::size_t j) { return krow[j]; };
+  auto value = [vrow](std::size_t j) { return vrow[j]; };
   logits.resize(static_cast<std::size_t>(G) * m);
   float* lg = logits.data();
   for (int g0 = 0; g0 < G; g0 += 8) {
