@@ -171,6 +171,48 @@ void require_same_sets(const kvsift::index_sets& got, const kvsift::index_sets& 
 
 // ---- segmented top-k ----------------------------------------------------------------------------
 
+TEST_CASE("thrust::segmented_topk rejects kept counts the protected tokens do not fit, writing nothing",
+          "[thrust][topk][bad_input]") {
+  // segment 1 (n = 10) keeps 5 < sink 2 + window 4 = 6; segment 0 and 2 fit
+  const std::vector<std::int32_t> offsets{0, 8, 18, 30};
+  const std::vector<std::int32_t> window{2, 4, 0};
+  std::vector<float> scores(30);
+  for (std::size_t i = 0; i < scores.size(); ++i) scores[i] = static_cast<float>((i * 7) % 11);
+  const std::vector<std::int32_t> kept_offsets{0, 4, 9, 12};
+  for_each_policy([&](const auto& exec, const std::string& name) {
+    CAPTURE(name);
+    std::vector<std::int32_t> out(12, -7);
+    std::vector<std::byte> ws(kvsift::thrust::segmented_topk_workspace_bytes(30));
+    const kvsift::thrust::topk_protection protect{2, window.data()};
+    try {
+      kvsift::thrust::segmented_topk(exec, scores.data(), offsets.data(), 3, 30,
+                                     kept_offsets.data(), 12, out.data(), ws.data(), ws.size(),
+                                     protect);
+      FAIL("no kvsift::error");
+    } catch (const kvsift::error& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      REQUIRE(what.find("thrust::segmented_topk") != std::string::npos);
+      REQUIRE(what.find("kept_offsets[2] - kept_offsets[1]") != std::string::npos);
+      REQUIRE(what.find("= 5") != std::string::npos);
+      REQUIRE(what.find("sink 2 + window 4") != std::string::npos);
+    }
+    REQUIRE(std::all_of(out.begin(), out.end(), [](std::int32_t x) { return x == -7; }));
+    // the same call with counts that fit (5 -> 6) goes through; a segment kept whole needs no room
+    const std::vector<std::int32_t> fits{0, 4, 10, 12};
+    std::vector<std::int32_t> ok(12, -7);
+    kvsift::thrust::segmented_topk(exec, scores.data(), offsets.data(), 3, 30, fits.data(), 12,
+                                   ok.data(), ws.data(), ws.size(), protect);
+    REQUIRE(std::none_of(ok.begin(), ok.end(), [](std::int32_t x) { return x == -7; }));
+    const std::vector<std::int32_t> whole{0, 8, 18, 30};
+    std::vector<std::int32_t> all(30, -7);
+    kvsift::thrust::segmented_topk(exec, scores.data(), offsets.data(), 3, 30, whole.data(), 30,
+                                   all.data(), ws.data(), ws.size(),
+                                   kvsift::thrust::topk_protection{20, window.data()});
+    REQUIRE(all[0] == 0);
+  });
+}
+
 TEST_CASE("thrust::segmented_topk keeps what cpu::topk_of keeps", "[thrust][topk]") {
   const int segments = GENERATE(1, 3, 17);
   const int max_len = GENERATE(1, 9, 200);

@@ -25,6 +25,8 @@
 
 #include <kvsift/thrust/common.hpp>
 
+#include <thrust/transform_reduce.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -98,6 +100,30 @@ inline detail::carver topk_layout(std::byte* ws, std::int64_t num_items, std::ui
   return c;
 }
 
+// The first segment whose kept count does not fit (k_s outside [0, n_s], or k_s < n_s with fewer
+// than sink + window[s] slots for the protected tokens); s = num_segments when all fit.
+struct topk_misfit {
+  int s, n, k, w;
+};
+struct topk_misfit_fn {
+  const std::int32_t* offsets;
+  const std::int32_t* kept_offsets;
+  int num_segments;
+  topk_protection protect;
+  KVSIFT_HOST_DEVICE topk_misfit operator()(int s) const {
+    const int n = offsets[s + 1] - offsets[s];
+    const int k = kept_offsets[s + 1] - kept_offsets[s];
+    const int w = protect.window == nullptr ? 0 : protect.window[s];
+    const bool fits = k >= 0 && k <= n && (k == n || k >= protect.sink + w);
+    return fits ? topk_misfit{num_segments, 0, 0, 0} : topk_misfit{s, n, k, w};
+  }
+};
+struct first_misfit {
+  KVSIFT_HOST_DEVICE topk_misfit operator()(const topk_misfit& a, const topk_misfit& b) const {
+    return a.s <= b.s ? a : b;
+  }
+};
+
 }  // namespace detail
 
 // Bytes of caller workspace segmented_topk needs for `num_items` scores in all.
@@ -125,11 +151,14 @@ void kept_offsets(const Policy& exec, const std::int32_t* offsets, const std::in
 //                 be <= n_s and >= sink + window[s] when k_s < n_s; num_kept = kept_offsets[S]
 //   out           [num_kept] kept local indices, ascending per segment
 //   workspace     >= segmented_topk_workspace_bytes(num_items) bytes
+//   check         verify the kept counts first (one reduction over the segments, which
+//                 synchronises with the device; a misfit throws before anything is written).
+//                 false skips it: no host synchronisation, for a captured decode step.
 template <class Policy>
 void segmented_topk(const Policy& exec, const float* scores, const std::int32_t* offsets,
                     int num_segments, std::int64_t num_items, const std::int32_t* kept_offsets,
                     std::int64_t num_kept, std::int32_t* out, void* workspace,
-                    std::size_t workspace_bytes, topk_protection protect = {}) {
+                    std::size_t workspace_bytes, topk_protection protect = {}, bool check = true) {
   constexpr std::string_view where = "thrust::segmented_topk";
   require(num_segments >= 0, where, "num_segments", num_segments, ">= 0");
   require(num_items >= 0 && num_items <= 0x7fffffff, where, "num_items", num_items,
@@ -142,7 +171,24 @@ void segmented_topk(const Policy& exec, const float* scores, const std::int32_t*
   const std::size_t need =
       detail::topk_layout(static_cast<std::byte*>(workspace), num_items, &keys, &items).bytes;
   detail::check_workspace(where, workspace, workspace_bytes, need);
-  if (num_items == 0 || num_segments == 0) {
+  if (num_segments == 0) {
+    return;
+  }
+  if (check) {
+    const detail::topk_misfit bad = ::thrust::transform_reduce(
+        exec, ::thrust::counting_iterator<int>(0), ::thrust::counting_iterator<int>(num_segments),
+        detail::topk_misfit_fn{offsets, kept_offsets, num_segments, protect},
+        detail::topk_misfit{num_segments, 0, 0, 0}, detail::first_misfit{});
+    require(bad.s == num_segments, where,
+            [&] { return "kept_offsets[" + std::to_string(bad.s + 1) + "] - kept_offsets[" +
+                         std::to_string(bad.s) + "]"; },
+            bad.k, [&] {
+              return "in [0, n = " + std::to_string(bad.n) +
+                     "], and when below n >= the protected tokens: sink " +
+                     std::to_string(protect.sink) + " + window " + std::to_string(bad.w);
+            });
+  }
+  if (num_items == 0) {
     return;
   }
   const ::thrust::counting_iterator<std::int64_t> zero(0);

@@ -9,8 +9,8 @@
 // (SPEC §4). Nothing here calls a CPU scorer or selector: the only library code run on the host
 // is parameter arithmetic (budget::pyramid_past_budget, select::page_topk::pages_for,
 // select::partition_topk::keep_per_partition, score::freekv_pages::layout, the selectors'
-// parameter checks) and one precondition of thrust::segmented_topk that it documents but does
-// not check (require_protected_fit).
+// parameter checks); a budget too small for the protected tokens is rejected by
+// thrust::segmented_topk itself.
 //
 // Method kinds (method.snapkv.prefill, method.pyramidkv.prefill, method.quest.select,
 // method.freekv.select, method.lagkv.prefill) are composed here the way the method composes its
@@ -120,20 +120,6 @@ std::vector<float> slice_rows(const std::vector<float>& v, int rows, int row, in
   return out;
 }
 
-// The Thrust top-k's documented precondition, which it does not check itself: a budget below
-// the segment's length holds the protected tokens (select::topk's and SPEC's error case).
-void require_protected_fit(std::string_view where, const std::vector<i32>& budgets,
-                           const std::vector<i32>& lengths, int sink,
-                           const std::vector<i32>& window) {
-  for (std::size_t s = 0; s < budgets.size(); ++s) {
-    if (budgets[s] < lengths[s]) {
-      kvsift::require(budgets[s] >= sink + window[s], where, "budget", budgets[s],
-                      ">= the protected tokens: sink " + std::to_string(sink) + " + window " +
-                          std::to_string(window[s]));
-    }
-  }
-}
-
 // A segmented top-k on the device: per segment min(budgets[s], n_s) indices, the first `sink`
 // and last window[s] protected, ascending. Returns the CSR on the device.
 struct device_sets {
@@ -211,7 +197,6 @@ const kc::registrar select_topk{
       const int sink = param(c, "sink");
       const std::vector<i32> budgets(static_cast<std::size_t>(rows), param(c, "budget"));
       const std::vector<i32> window(static_cast<std::size_t>(rows), param(c, "window"));
-      require_protected_fit("select.topk", budgets, std::vector<i32>(rows, n), sink, window);
       const auto kept = device_topk(to_device(sc.f32), to_device(uniform_offsets(rows, n)), rows,
                                     budgets, sink, window);
       put_dense(out, "kept", to_host(kept.offsets), to_host(kept.values));
@@ -271,7 +256,6 @@ const kc::registrar method_snapkv_prefill{
       if (nq != w) throw kc::runner_error("queries: " + std::to_string(nq) + " != min(window, n)");
       const std::vector<i32> budgets(static_cast<std::size_t>(h), param(c, "budget"));
       const std::vector<i32> window(static_cast<std::size_t>(h), w);
-      require_protected_fit("method.snapkv.prefill", budgets, std::vector<i32>(h, n), 0, window);
       const auto qs = swap_outer(q.f32.data(), hq, nq, d);
       const auto scores = window_scores(k.f32, qs, 1, h, hq / h, n, nq, d,
                                         window_params(c, param(c, "kernel")));
@@ -303,8 +287,6 @@ const kc::registrar method_pyramidkv_prefill{
         budgets.insert(budgets.end(), h, n < C ? n : past.back() + std::min(w, n));
       }
       const std::vector<i32> window(static_cast<std::size_t>(L) * h, std::min(w, n));
-      require_protected_fit("method.pyramidkv.prefill", budgets, std::vector<i32>(L * h, n), 0,
-                            window);
       const dvec<float> keys = to_device(k.f32);
       const auto kept =
           device_topk(scores, to_device(uniform_offsets(L * h, n)), L * h, budgets, 0, window);
