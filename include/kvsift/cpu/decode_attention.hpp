@@ -282,24 +282,22 @@ KVSIFT_TARGET_AVX512 inline float exp_row(float* x, std::size_t m) {
   return _mm512_reduce_add_ps(sum);
 }
 
-// out[g, c0 .. c0 + 16 CT) = inv[g] * sum_j w[g * ld + j] value(j)[c0 ..], for GC heads; the
-// accumulators stay in registers across all m rows.
+// out[g, c0 .. c0 + 16 CT) (+)= sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads,
+// the accumulators in registers across the rows; `first` starts from zero instead of `out`.
+// The first tile (c0 == 0) prefetches whole rows ahead, for the tiles after it.
 template <int GC, int CT, Element T, class ValueAt>
-KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, const float* inv,
-                                           int c0, int d, std::size_t m, ValueAt& value,
-                                           float* out) {
+KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
+                                           std::size_t j0, std::size_t j1, std::size_t m,
+                                           ValueAt& value, float* out, bool first) {
   static_assert(GC * CT <= 16);
   __m512 acc[GC][CT];
   for (int g = 0; g < GC; ++g) {
-    for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_setzero_ps();
-  }
-  for (std::size_t j = 0; j < m; ++j) {
-    if (j + kPrefetchRows < m) {  // this tile's part of a row ahead
-      const char* ahead = reinterpret_cast<const char*>(value(j + kPrefetchRows) + c0);
-      for (int o = 0; o < 16 * CT * static_cast<int>(sizeof(T)); o += 64) {
-        _mm_prefetch(ahead + o, _MM_HINT_T0);
-      }
+    for (int t = 0; t < CT; ++t) {
+      acc[g][t] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + g * d + c0 + 16 * t);
     }
+  }
+  for (std::size_t j = j0; j < j1; ++j) {
+    if (c0 == 0 && j + kPrefetchRows < m) prefetch_row(value(j + kPrefetchRows), d);
     const T* v = value(j) + c0;
     __m512 vv[CT];
     for (int t = 0; t < CT; ++t) vv[t] = load16(v + 16 * t);
@@ -309,24 +307,35 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, const
     }
   }
   for (int g = 0; g < GC; ++g) {
-    const __m512 s = _mm512_set1_ps(inv[g]);
-    for (int t = 0; t < CT; ++t) {
-      _mm512_storeu_ps(out + g * d + c0 + 16 * t, _mm512_mul_ps(acc[g][t], s));
-    }
+    for (int t = 0; t < CT; ++t) _mm512_storeu_ps(out + g * d + c0 + 16 * t, acc[g][t]);
   }
 }
 
-// Channel tile for GC heads: as many 16-lane blocks as fit 16 accumulators, so V rows are walked
-// once per tile and each cache line of a row belongs to one tile (read once).
+// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads. Channel tiles of as many
+// 16-lane blocks as fit 16 accumulators; rows in blocks of kRowBlock, every tile of a block
+// before the next block, so a V row comes from memory once (the later tiles find it in L1).
 template <int GC, Element T, class ValueAt>
 KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
                                            std::size_t m, ValueAt& value, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 8 : GC <= 4 ? 4 : 2;
-  int c0 = 0;
-  for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
-    accumulate_block<GC, kTile, T>(w, ld, inv, c0, d, m, value, out);
+  constexpr std::size_t kRowBlock = 32;
+  for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
+    const std::size_t j1 = std::min(m, j0 + kRowBlock);
+    const bool first = j0 == 0;
+    int c0 = 0;
+    for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
+      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, m, value, out, first);
+    }
+    for (; c0 < d; c0 += 16) {
+      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, m, value, out, first);
+    }
   }
-  for (; c0 < d; c0 += 16) accumulate_block<GC, 1, T>(w, ld, inv, c0, d, m, value, out);
+  for (int g = 0; g < GC; ++g) {
+    const __m512 s = _mm512_set1_ps(inv[g]);
+    for (int c = 0; c < d; c += 16) {
+      _mm512_storeu_ps(out + g * d + c, _mm512_mul_ps(_mm512_loadu_ps(out + g * d + c), s));
+    }
+  }
 }
 
 template <class F>
