@@ -246,6 +246,37 @@ TEST_CASE("kmeans_roles: duplicated heads tie to the lower index; bad input thro
                       ContainsSubstring("'max_iter'"));
 }
 
+TEST_CASE("kmeans_roles: fewer distinct head profiles than clusters leaves no cluster empty",
+          "[calibrate]") {
+  // issue 26 item 8: four heads with two distinct profiles (0 = 1, 2 = 3) and three clusters
+  // left cluster 2 empty (representative -1) and the roles file could not be written. The
+  // cluster count is reduced to the number of distinct profiles.
+  const std::vector<float> S{1.0f, 1.0f, 0.2f, 0.2f,  //
+                             1.0f, 1.0f, 0.2f, 0.2f,  //
+                             0.2f, 0.2f, 1.0f, 1.0f,  //
+                             0.2f, 0.2f, 1.0f, 1.0f};
+  for (int C : {2, 3, 4}) {
+    CAPTURE(C);
+    const auto r = cal::kmeans_roles(S, 4, {.clusters = C});
+    REQUIRE(r.assign == std::vector<std::int32_t>{0, 0, 1, 1});
+    REQUIRE(r.representative == std::vector<std::int32_t>{0, 2});
+  }
+  // every head identical: one cluster
+  const std::vector<float> same(9, 0.5f);
+  const auto one = cal::kmeans_roles(same, 3, {.clusters = 3});
+  REQUIRE(one.assign == std::vector<std::int32_t>{0, 0, 0});
+  REQUIRE(one.representative == std::vector<std::int32_t>{0});
+  // and the result is a valid roles file for a 4-head model
+  cal::synckv_roles roles;
+  roles.model = {.layers = 1, .q_heads = 4, .kv_heads = 4, .head_dim = 8, .config_hash = ""};
+  const auto km = cal::kmeans_roles(S, 4, {.clusters = 3});
+  roles.layers.push_back({km.assign, km.representative, S});
+  const auto path = (std::filesystem::temp_directory_path() / "kvsift-kmeans-roles.json").string();
+  REQUIRE_NOTHROW(cal::write_roles(path, roles));
+  const auto back = cal::read_synckv_roles(path, roles.model);
+  REQUIRE(back.layers.at(0).representatives == km.representative);
+}
+
 TEST_CASE("star_cluster partitions the heads into anchors, volatile, pivots and satellites",
           "[calibrate]") {
   const unsigned seed = GENERATE(1u, 2u, 3u, 4u, 5u, 6u);

@@ -13,7 +13,12 @@
 //     each centroid to its members' mean, an empty cluster keeps its centroid) until the
 //     assignment stops changing, at most `max_iter` (default 100) assignments;
 //   - representative of a cluster = its member nearest the members' mean (ties: lower head
-//     index); -1 for a cluster left empty.
+//     index).
+// No cluster is left empty (issue 26 item 8): the cluster count used is
+// N = min(N_r, number of distinct feature rows) — heads with identical rows of D cannot be told
+// apart, so fewer distinct profiles than N_r give N clusters (representative.size() == N); and a
+// cluster that Lloyd's iterations empty anyway is dropped, the clusters after it renumbered in
+// order. Every returned cluster has a member and a representative (a valid head-roles file).
 // Squared Euclidean distances in double. Cost: O(max_iter H^2 N_r).
 
 #include <kvsift/core/error.hpp>
@@ -35,8 +40,8 @@ struct kmeans_params {
 };
 
 struct kmeans_result {
-  std::vector<std::int32_t> assign;          // [H] cluster of each head, 0..N_r-1
-  std::vector<std::int32_t> representative;  // [N_r] R-head of each cluster (-1 if empty)
+  std::vector<std::int32_t> assign;          // [H] cluster of each head, 0..N-1
+  std::vector<std::int32_t> representative;  // [N] R-head of each cluster, N <= N_r (see above)
   int iterations = 0;                        // Lloyd assignments made
   bool converged = false;                    // assignment unchanged before max_iter ran out
 };
@@ -57,13 +62,24 @@ struct kmeans_result {
     require(std::isfinite(similarity[i]), where, "similarity[" + std::to_string(i) + "]",
             similarity[i], "a finite number");
   }
-  const auto C = static_cast<std::size_t>(p.clusters);
   // features x_i = row i of D = max(S) - S
   const double mx = *std::max_element(similarity.begin(), similarity.end());
   std::vector<double> x(H * H);
   for (std::size_t i = 0; i < H * H; ++i) {
     x[i] = mx - static_cast<double>(similarity[i]);
   }
+  // N = min(N_r, distinct rows of D): more clusters than distinct profiles would stay empty
+  std::size_t distinct = 0;
+  for (std::size_t i = 0; i < H; ++i) {
+    bool seen = false;
+    for (std::size_t j = 0; j < i && !seen; ++j) {
+      seen = std::equal(x.begin() + static_cast<std::ptrdiff_t>(i * H),
+                        x.begin() + static_cast<std::ptrdiff_t>((i + 1) * H),
+                        x.begin() + static_cast<std::ptrdiff_t>(j * H));
+    }
+    distinct += seen ? 0 : 1;
+  }
+  std::size_t C = std::min(static_cast<std::size_t>(p.clusters), distinct);
   const auto dist = [&](const double* a, const double* b) {
     double s = 0.0;
     for (std::size_t c = 0; c < H; ++c) {
@@ -129,6 +145,19 @@ struct kmeans_result {
         cent[c * H + k] = sum[c * H + k] / static_cast<double>(count[c]);
       }
     }
+  }
+  // a cluster the iterations emptied is dropped; the later ones move down (order kept)
+  {
+    std::vector<std::int32_t> renumber(C, -1);
+    std::int32_t kept = 0;
+    for (std::size_t c = 0; c < C; ++c) {
+      if (std::find(r.assign.begin(), r.assign.end(), static_cast<std::int32_t>(c)) !=
+          r.assign.end()) {
+        renumber[c] = kept++;
+      }
+    }
+    for (auto& a : r.assign) a = renumber[static_cast<std::size_t>(a)];
+    C = static_cast<std::size_t>(kept);
   }
   // representatives: the member nearest its cluster's mean (the mean of the final assignment)
   r.representative.assign(C, -1);
