@@ -16,7 +16,7 @@
 // Decode step t (1..T) appends the t-th greedy token at position n + t - 1; its query attends to
 // the n + t tokens 0..n+t-1 (METHODS.md "Decode steps").
 
-#include "engine/llama.hpp"
+#include "../engine/llama.hpp"
 
 #include <kvsift/calibrate/roles_file.hpp>
 #include <kvsift/core/error.hpp>
@@ -31,6 +31,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvsift::cli {
@@ -226,6 +227,17 @@ struct trace_file {
     f.model.head_dim = get_int("head_dim");
     f.model.config_hash = md.count("config_hash") ? md.at("config_hash") : "";
     f.prompts = get_int("prompts");
+    // A model shape profiling can use: q_heads / kv_heads is the GQA group size (kv_heads = 0
+    // divided by zero in kvsift calibrate --traces: issue 26 item 12).
+    for (const auto& [key, v] : {std::pair<const char*, int>{"layers", f.model.layers},
+                                 {"q_heads", f.model.q_heads},
+                                 {"kv_heads", f.model.kv_heads},
+                                 {"head_dim", f.model.head_dim}}) {
+      require(v >= 1, where, std::string("__metadata__.") + key, v, ">= 1");
+    }
+    require(f.model.q_heads % f.model.kv_heads == 0, where, "__metadata__.kv_heads",
+            f.model.kv_heads,
+            "a number that divides q_heads (" + std::to_string(f.model.q_heads) + ")");
     return f;
   }
 
