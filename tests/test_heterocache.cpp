@@ -343,10 +343,19 @@ TEST_CASE("heterocache: placement, plans, resident KV, outputs, and every retrie
       }
     }
     std::int64_t drifts = 0;
+    // a drift's new reference, committed once the next decode() installed the satellites' rows
+    std::vector<std::vector<std::int32_t>> next_ref(static_cast<std::size_t>(L * hkv));
     for (int t = 1; t <= T; ++t) {
       for (int l = 0; l < L; ++l) {
         const auto tok = token_of(x, 0, l, t);
         const auto& plan = m.decode(l, tok);
+        for (int h = 0; h < hkv; ++h) {
+          auto& want_ref = next_ref[l * hkv + h];
+          if (want_ref.empty()) continue;
+          CAPTURE(t, l, h);
+          CHECK(std::ranges::equal(m.reference(0, l, h), want_ref));
+          want_ref.clear();
+        }
         std::int64_t resident = 0;
         for (int h = 0; h < hkv; ++h) {
           CAPTURE(t, l, h);
@@ -370,6 +379,11 @@ TEST_CASE("heterocache: placement, plans, resident KV, outputs, and every retrie
             CHECK(std::fabs(o[qh * d + c] - ref[c]) <= 1e-4f + 1e-4f * std::fabs(ref[c]));
           }
         }
+        std::vector<std::vector<std::int32_t>> ref_before;
+        for (int h = 0; h < hkv; ++h) {
+          const auto r = m.reference(0, l, h);
+          ref_before.emplace_back(r.begin(), r.end());
+        }
         m.after_attention(l, tok);
         for (int h = 0; h < hkv; ++h) {
           CAPTURE(t, l, h);
@@ -381,7 +395,9 @@ TEST_CASE("heterocache: placement, plans, resident KV, outputs, and every retrie
           // the reference becomes q_t's top base; each satellite's prefill part becomes the
           // pivot's top min(n, cap_s) by q_t over the prompt keys
           const auto newest = top_over_prompt(x, l, h, n + t - 1, b.base);
-          CHECK(std::ranges::equal(m.reference(0, l, h), newest));
+          // decided, not yet the reference: it becomes one with the next decode's install
+          CHECK(std::ranges::equal(m.reference(0, l, h), ref_before[static_cast<std::size_t>(h)]));
+          next_ref[l * hkv + h] = newest;
           CHECK(m.recall_pending(0, l));
           for (int s = 0; s < hkv; ++s) {
             if (roles[l].roles[s] == role::satellite && roles[l].leader[s] == h) {

@@ -6,6 +6,10 @@
 // verify() passes (both tiers consistent, no partial row installed), and the following steps
 // still work (FreeKV, which appends before it settles, falls back to its synchronous recall
 // instead of throwing): valid plans (ascending positions, each resident) that contain the new token.
+// The method's decision state must match what the store holds (issue 26, item 4): a decision is
+// committed only once its recall is installed, so the failed layer's decisions (SyncKV's dynamic
+// sets, HeteroCache's references) are those from before the failed recall, and every step
+// SyncKV's followers hold exactly static ∪ dynamic of their cluster below the prompt end.
 
 #include <kvsift/method/freekv.hpp>
 #include <kvsift/method/heterocache.hpp>
@@ -17,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <iterator>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -82,6 +87,43 @@ void check_plan(const store_t& st, const kvsift::attention_plan& plan, int layer
   }
 }
 
+// The decisions a recall realises, of one layer (compared before and after a failed recall), and
+// the check that they match what the store holds where that can be read off the store.
+std::vector<std::int32_t> decisions(const kvsift::synckv<float>& m, const store_t& st, int layer) {
+  std::vector<std::int32_t> out;
+  const auto& roles = m.parameters().roles[layer];
+  for (int c = 0; c < roles.clusters(); ++c) {
+    const auto dy = m.dynamic_set(0, layer, c);
+    out.insert(out.end(), dy.begin(), dy.end());
+    out.push_back(-1);
+    // every follower of cluster c holds exactly static ∪ dynamic below the prompt end
+    std::vector<std::int32_t> want;
+    const auto s = m.static_set(0, layer, c);
+    std::set_union(s.begin(), s.end(), dy.begin(), dy.end(), std::back_inserter(want));
+    for (int h = 0; h < st.shape().kv_heads; ++h) {
+      if (roles.assign[h] != c || roles.is_representative(h)) continue;
+      std::vector<std::int32_t> held;
+      const auto seq = st.shape().sequence(0, layer, h);
+      for (int i = 0; i < st.length(seq); ++i) {
+        if (st.position(seq, i) < m.prompt_end(0, layer)) held.push_back(st.position(seq, i));
+      }
+      CAPTURE(layer, c, h);
+      REQUIRE(held == want);
+    }
+  }
+  return out;
+}
+std::vector<std::int32_t> decisions(const kvsift::heterocache<float>& m, const store_t& st, int layer) {
+  std::vector<std::int32_t> out;
+  for (int h = 0; h < st.shape().kv_heads; ++h) {
+    const auto ref = m.reference(0, layer, h);
+    out.insert(out.end(), ref.begin(), ref.end());
+    out.push_back(-1);
+  }
+  return out;
+}
+std::vector<std::int32_t> decisions(const kvsift::freekv<float>&, const store_t&, int) { return {}; }
+
 // One full step t on every layer; checks each plan and the store.
 template <class Method>
 void step(Method& m, store_t& st, const script& sc, int t) {
@@ -106,8 +148,11 @@ int run_with_fault(Method& m, store_t& st, const script& sc, int fail_at, fault 
   for (int t = 1; t < fail_at; ++t) step(m, st, sc, t);
   auto& xfer = m.transfer_state();
   int errors = 0;
+  std::vector<std::vector<std::int32_t>> decided;  // [layers] decisions before the failed recall
+  for (int l = 0; l < sc.sh.layers; ++l) decided.push_back(decisions(m, st, l));
   // step fail_at: the first layer whose after_attention submits a recall gets the fault
   bool injected = false;
+  int failed_layer = -1;
   for (int l = 0; l < sc.sh.layers; ++l) {
     const auto tok = sc.token(l, fail_at);
     check_plan(st, m.decode(l, tok), l);
@@ -123,6 +168,7 @@ int run_with_fault(Method& m, store_t& st, const script& sc, int fail_at, fault 
     }
     REQUIRE_NOTHROW(st.verify());
     if (!injected && xfer.stats().recalls_issued > issued) injected = true;
+    if (injected && failed_layer < 0) failed_layer = l;
     xfer.inject(fault::none);  // a layer with nothing to recall leaves the fault to the next one
   }
   REQUIRE(injected);
@@ -142,11 +188,17 @@ int run_with_fault(Method& m, store_t& st, const script& sc, int fail_at, fault 
       check_plan(st, m.decode(l, tok), l);
     }
     REQUIRE_NOTHROW(st.verify());
+    // the failed recall's decision was never committed: the layer decides as before it
+    if (l == failed_layer) CHECK(decisions(m, st, l) == decided[static_cast<std::size_t>(l)]);
+    (void)decisions(m, st, l);  // and what the method decided is what the store holds
     std::vector<float> out(static_cast<std::size_t>(sc.sh.q_heads) * sc.sh.head_dim);
     m.attend(l, std::span(&tok, 1), out.data());
     m.after_attention(l, tok);
   }
-  for (int s = t + 1; s <= sc.steps; ++s) step(m, st, sc, s);
+  for (int s = t + 1; s <= sc.steps; ++s) {
+    step(m, st, sc, s);
+    for (int l = 0; l < sc.sh.layers; ++l) (void)decisions(m, st, l);
+  }
   REQUIRE(xfer.outstanding() <= static_cast<std::size_t>(sc.sh.layers));  // nothing leaked
   return errors;
 }

@@ -145,7 +145,12 @@ class freekv {
   [[nodiscard]] const store_type& store() const { return *store_; }
   [[nodiscard]] transfer_type& transfer_state() { return transfer_; }
   [[nodiscard]] const attention_plan& plan() const { return plan_; }
-  [[nodiscard]] int step(int request, int layer) const { return steps_[slot(request, layer)]; }
+  // Decode steps of (request, layer) since its last reset.
+  [[nodiscard]] int step(int request, int layer) const {
+    check_request("method::freekv.step", request);
+    check_layer("method::freekv.step", layer);
+    return steps_[slot(request, layer)];
+  }
   // Per segment of the last plan: 1 when that KV head was corrected (selected with q_t from
   // step 2 on), 0 otherwise (step 1, speculative reuse, dense layers).
   [[nodiscard]] const std::vector<std::uint8_t>& corrections() const { return corrected_; }
@@ -243,6 +248,7 @@ class freekv {
       require(store_->host_length(t.request, layer) < store_->host_capacity(), where, "request",
               t.request, "a head-sequence with room for one more token in the host pool");
     }
+    binding_.unbind();
     plan_.requests.clear();
     plan_.slots.clear();
     plan_.pages.clear();
@@ -262,14 +268,18 @@ class freekv {
     }
     fill_positions(layer);
     store_->debug_verify();
+    binding_.bind(layer);
     return plan_;
   }
   const attention_plan& decode(int layer, const decode_token<T>& token) {
     return decode(layer, std::span<const decode_token<T>>(&token, 1));
   }
 
-  // 3. Reference attention over the current plan: out [tokens.size(), q_heads, d].
+  // 3. Reference attention over the current plan: out [tokens.size(), q_heads, d]. The call must
+  // be the step of the last decode(): same layer, same requests in the same order, a query each
+  // (kvsift::error otherwise).
   void attend(int layer, std::span<const decode_token<T>> tokens, float* out) const {
+    binding_.check("method::freekv.attend", layer, tokens, plan_.requests, true);
     detail::attend_over_plan(*store_, layer, tokens, plan_, out);
   }
 
@@ -278,11 +288,9 @@ class freekv {
   void after_attention(int layer, std::span<const decode_token<T>> tokens) {
     constexpr std::string_view where = "method::freekv.after_attention";
     check_layer(where, layer);
+    binding_.check(where, layer, tokens, plan_.requests, true);  // once per decode(), dense layers too
+    binding_.unbind();
     if (layer < p_.dense_layers) return;
-    for (const auto& t : tokens) {
-      check_request(where, t.request);
-      require(t.query != nullptr, where, "query", "null", "a [q_heads, d] array");
-    }
     const auto& sh = store_->shape();
     sweep();
     for (const auto& t : tokens) {
@@ -321,6 +329,7 @@ class freekv {
     }
     cancel_discarded();  // recalls of any request: none may read a pool being reset
     store_->reset(request);
+    binding_.unbind();  // a pending step may have included the request
   }
 
   // 5. Working-set bytes, bytes recalled (background recalls by the transfer, plus the
@@ -547,6 +556,7 @@ class freekv {
   score_sets scores_;
   index_sets kept_;
   attention_plan plan_;
+  step_binding binding_;  // attend / after_attention: the step of the last decode()
   std::vector<std::uint8_t> corrected_;        // [plan segments]
   std::vector<typename transfer_type::ticket> discarded_;  // dropped recalls still running
 };

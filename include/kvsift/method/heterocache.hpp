@@ -69,6 +69,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvsift {
@@ -199,7 +200,7 @@ class heterocache {
     flatten(p_, roles_flat_, stability_flat_);
     const std::size_t rl = static_cast<std::size_t>(store.requests()) * sh.layers;
     state_.assign(rl, {});
-    pending_ = detail::pending_recalls<T>(rl);
+    pending_ = pending_type(rl);
     layer_budgets_.assign(static_cast<std::size_t>(sh.layers), -1);
   }
   heterocache(heterocache&&) noexcept = default;
@@ -226,34 +227,43 @@ class heterocache {
     return budget::inverse_stability_caps(roles_flat_, stability_flat_, store_->shape().kv_heads, n,
                                           p_.rho);
   }
-  [[nodiscard]] int step(int request, int layer) const { return state_[rl(request, layer)].steps; }
+  // Decode steps of (request, layer) since its prompt ended (0 before).
+  [[nodiscard]] int step(int request, int layer) const {
+    return state_[checked_rl("heterocache.step", request, layer)].steps;
+  }
   // Prompt end of (request, layer): positions below it are prefill tokens (-1 before its end).
   [[nodiscard]] std::int32_t prompt_end(int request, int layer) const {
-    return state_[rl(request, layer)].prompt_end;
+    return state_[checked_rl("heterocache.prompt_end", request, layer)].prompt_end;
   }
+  // The per-head state below exists once the prompt of (request, layer) ended, until reset():
+  // before or after, and for a head out of range, they throw kvsift::error.
   // The base budget and head h's cap of (request, layer), for its prompt length.
-  [[nodiscard]] int base(int request, int layer) const { return state_[rl(request, layer)].base; }
-  [[nodiscard]] int cap(int request, int layer, int head) const {
-    return state_[rl(request, layer)].cap.at(static_cast<std::size_t>(head));
+  [[nodiscard]] int base(int request, int layer) const {
+    return placed_state("heterocache.base", request, layer, 0).base;
   }
-  // A pivot's reference set (original positions, ascending; empty for other heads).
+  [[nodiscard]] int cap(int request, int layer, int head) const {
+    return placed_state("heterocache.cap", request, layer, head).cap[static_cast<std::size_t>(head)];
+  }
+  // A pivot's reference set (original positions, ascending; empty for other heads). A drift's new
+  // reference becomes this one when the next decode() installed the satellites' retrieval (a
+  // retrieval that fails leaves the previous reference, as the satellites keep their sets).
   [[nodiscard]] std::span<const std::int32_t> reference(int request, int layer, int head) const {
-    return state_[rl(request, layer)].reference.at(static_cast<std::size_t>(head));
+    return placed_state("heterocache.reference", request, layer, head).reference[static_cast<std::size_t>(head)];
   }
   // The last after_attention's drift check of (request, layer): per KV head (pivots with
   // satellites), the median overlap (-1 where no check ran) and whether it drifted.
   [[nodiscard]] double drift_median(int request, int layer, int head) const {
-    return state_[rl(request, layer)].median.at(static_cast<std::size_t>(head));
+    return placed_state("heterocache.drift_median", request, layer, head).median[static_cast<std::size_t>(head)];
   }
   [[nodiscard]] bool drifted(int request, int layer, int head) const {
-    return state_[rl(request, layer)].drift.at(static_cast<std::size_t>(head)) != 0;
+    return placed_state("heterocache.drifted", request, layer, head).drift[static_cast<std::size_t>(head)] != 0;
   }
   // Whether a retrieval is decided and not yet installed / not yet copied.
   [[nodiscard]] bool recall_pending(int request, int layer) const {
-    return pending_.has(rl(request, layer));
+    return pending_.has(checked_rl("heterocache.recall_pending", request, layer));
   }
   [[nodiscard]] bool recall_in_flight(int request, int layer) const {
-    return pending_.in_flight(*xfer_, rl(request, layer));
+    return pending_.in_flight(*xfer_, checked_rl("heterocache.recall_in_flight", request, layer));
   }
   // Drift checks, drift events and recalled rows since construction.
   [[nodiscard]] const heterocache_stats& drift_stats() const { return hstats_; }
@@ -293,13 +303,10 @@ class heterocache {
     constexpr std::string_view where = "heterocache.decode";
     const auto& sh = store_->shape();
     check_layer(where, layer);
+    for (const auto& t : tokens) check_request(where, t.request);
+    require_distinct_requests(where, tokens, store_->requests());
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       const auto& t = tokens[i];
-      check_request(where, t.request);
-      for (std::size_t j = 0; j < i; ++j) {
-        require(tokens[j].request != t.request, where, "request", t.request,
-                "one token per request in a step");
-      }
       require(t.key != nullptr && t.value != nullptr, where, "key/value", "null",
               "[kv_heads, d] arrays");
       require(t.query != nullptr, where, "query", "null",
@@ -310,8 +317,12 @@ class heterocache {
       require(store_->host_length(t.request, layer) < store_->host_capacity(), where, "request",
               t.request, "a head-sequence with room for one more token in the host pool");
     }
+    binding_.unbind();
     plan_.requests.clear();
-    for (const auto& t : tokens) pending_.complete(*xfer_, *store_, rl(t.request, layer));
+    for (const auto& t : tokens) {
+      auto& st = state_[rl(t.request, layer)];
+      pending_.complete(*xfer_, *store_, rl(t.request, layer), [&](decision d) { commit(st, d); });
+    }
     const std::size_t row = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
     for (const auto& t : tokens) {
       store_->append(t.request, layer,
@@ -331,14 +342,18 @@ class heterocache {
     }
     detail::plan_whole_working_set(*store_, layer, plan_);
     store_->debug_verify();
+    binding_.bind(layer);
     return plan_;
   }
   const attention_plan& decode(int layer, const decode_token<T>& token) {
     return decode(layer, std::span<const decode_token<T>>(&token, 1));
   }
 
-  // 3. The library's attention over the current plan: out [tokens.size(), q_heads, d].
+  // 3. The library's attention over the current plan: out [tokens.size(), q_heads, d]. The call
+  // must be the step of the last decode(): same layer, same requests in the same order, a query
+  // each (kvsift::error otherwise).
   void attend(int layer, std::span<const decode_token<T>> tokens, float* out) const {
+    binding_.check("heterocache.attend", layer, tokens, plan_.requests, true);
     detail::attend_over_plan(*store_, layer, tokens, plan_, out);
   }
 
@@ -348,11 +363,8 @@ class heterocache {
     constexpr std::string_view where = "heterocache.after_attention";
     const auto& sh = store_->shape();
     check_layer(where, layer);
-    for (const auto& t : tokens) {
-      check_request(where, t.request);
-      require(state_[rl(t.request, layer)].steps > 0, where, "request", t.request,
-              "a request that decoded a step on this layer");
-    }
+    binding_.check(where, layer, tokens, plan_.requests, false);  // once per decode()
+    binding_.unbind();
     const trigger trig{{.window = p_.drift_window, .tau_drift = p_.tau_drift}};
     const auto& roles = p_.roles[layer];
     std::vector<int> pivots;  // pivots with satellites
@@ -386,6 +398,7 @@ class heterocache {
       state_[rl(request, l)] = {};
     }
     store_->reset(request);
+    binding_.unbind();  // a pending step may have included the request
   }
 
   // 5. Working-set bytes and tokens, bytes the transfer recalled, drift events (refreshes), stalls
@@ -416,6 +429,13 @@ class heterocache {
     int window_rows = 0;
   };
 
+  // A drift's outcome: (pivot, new reference set), committed once the retrieval is installed.
+  using decision = std::vector<std::pair<int, std::vector<std::int32_t>>>;
+  using pending_type = detail::pending_recalls<T, decision>;
+  static void commit(request_state& st, decision& d) {
+    for (auto& [h, ref] : d) st.reference[static_cast<std::size_t>(h)] = std::move(ref);
+  }
+
   static void flatten(const params& p, std::vector<role>& r, std::vector<float>& s) {
     r.clear();
     s.clear();
@@ -435,6 +455,20 @@ class heterocache {
   void check_request(std::string_view where, int request) const {
     require(request >= 0 && request < store_->requests(), where, "request", request,
             "in [0, " + std::to_string(store_->requests()) + ")");
+  }
+  [[nodiscard]] std::size_t checked_rl(std::string_view where, int request, int layer) const {
+    check_request(where, request);
+    check_layer(where, layer);
+    return rl(request, layer);
+  }
+  // The state of (request, layer) once its prompt was placed, with `head` a KV head.
+  [[nodiscard]] const request_state& placed_state(std::string_view where, int request, int layer, int head) const {
+    const auto& st = state_[checked_rl(where, request, layer)];
+    require(st.prompt_end >= 0, where, "request", request,
+            "a request whose prompt ended on this layer (its per-head state exists from then until reset())");
+    require(head >= 0 && head < store_->shape().kv_heads, where, "head", head,
+            [&] { return "a KV head in [0, " + std::to_string(store_->shape().kv_heads) + ")"; });
+    return st;
   }
 
   // Scores of one query of the pivot's group over the prefill keys of a full (pivot) head:
@@ -519,7 +553,8 @@ class heterocache {
     const trigger trig{{.window = p_.drift_window, .tau_drift = p_.tau_drift}};
     const std::size_t row = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
     const int n = st.prompt_first;
-    std::vector<typename detail::pending_recalls<T>::target> targets;
+    std::vector<typename pending_type::target> targets;
+    decision next;  // the new references, committed once the satellites' rows are installed
     std::vector<float> scores;
     std::vector<double> overlaps;
     for (int h = 0; h < sh.kv_heads; ++h) {
@@ -544,7 +579,7 @@ class heterocache {
       if (!d.drift) continue;
       st.drift[h] = 1;
       ++hstats_.drift_events;
-      st.reference[h] = std::move(newest);
+      next.emplace_back(h, std::move(newest));
       // `scores` holds q_t's (the newest query's) pivot scores
       for (const int s : sats) {
         auto part = top_positions(seq, scores, std::min(n, st.cap[s]));
@@ -552,7 +587,8 @@ class heterocache {
       }
     }
     if (targets.empty()) return;
-    pending_.submit(*xfer_, *store_, rl(r, layer), std::move(targets));
+    pending_.submit(*xfer_, *store_, rl(r, layer), std::move(targets), std::move(next),
+                    [&](decision d) { commit(st, d); });
     hstats_.rows_recalled += pending_.rows(rl(r, layer));
   }
 
@@ -562,7 +598,8 @@ class heterocache {
   std::vector<role> roles_flat_;       // [layers * kv_heads]
   std::vector<float> stability_flat_;  // [layers * kv_heads]
   std::vector<request_state> state_;   // [requests * layers]
-  detail::pending_recalls<T> pending_;
+  pending_type pending_;
+  step_binding binding_;  // attend / after_attention: the step of the last decode()
   std::vector<int> layer_budgets_;
   heterocache_stats hstats_;
   score_sets scores_;

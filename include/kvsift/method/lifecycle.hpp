@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -118,6 +119,58 @@ void require_finite(std::string_view where, std::size_t i, const decode_token<T>
   if (t.key != nullptr) detail::require_finite_row(where, arg("key"), t.key, kv);
   if (t.value != nullptr) detail::require_finite_row(where, arg("value"), t.value, kv);
   if (query && t.query != nullptr) detail::require_finite_row(where, arg("query"), t.query, sh.q_heads * sh.head_dim);
+}
+
+// Binds attend() and after_attention() to the step the last decode() planned: the same layer,
+// the same requests in the same order, a query each where one is needed, and after_attention()
+// once (the step's plan is spent afterwards). Every method owns one: decode() unbinds first and
+// binds when it returned its plan; after_attention() and reset() unbind.
+class step_binding {
+ public:
+  void bind(int layer) { layer_ = layer; }
+  void unbind() { layer_ = -1; }
+  [[nodiscard]] bool bound() const { return layer_ >= 0; }
+
+  // Throws kvsift::error unless `tokens` is the bound step of `layer` (the planned `requests`).
+  template <Element T>
+  void check(std::string_view where, int layer, std::span<const decode_token<T>> tokens,
+             const std::vector<int>& requests, bool needs_query) const {
+    require(layer_ >= 0 && layer == layer_, where, "layer", layer, [&] {
+      return layer_ < 0 ? std::string("the layer of a decode() not yet applied (none is pending: call "
+                                      "decode() first, once per step)")
+                        : "the layer of the last decode() (" + std::to_string(layer_) + ")";
+    });
+    require(tokens.size() == requests.size(), where, "tokens.size", tokens.size(), [&] {
+      return "the last decode()'s batch size (" + std::to_string(requests.size()) + ")";
+    });
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      require(tokens[i].request == requests[i], where,
+              [&] { return "tokens[" + std::to_string(i) + "].request"; }, tokens[i].request,
+              [&] { return "request " + std::to_string(requests[i]) + ", as in the last decode()"; });
+      require(!needs_query || tokens[i].query != nullptr, where,
+              [&] { return "tokens[" + std::to_string(i) + "].query"; }, "null",
+              [] { return std::string("a [q_heads, d] array"); });
+    }
+  }
+
+ private:
+  int layer_ = -1;  // layer of the pending step (decode() done, after_attention() not yet)
+};
+
+// Throws kvsift::error when a request appears twice in one decode batch (one token per request
+// and step: a second token would be planned to read the first before either was attended).
+// `requests` is the store's request count (request ids were checked against it).
+template <Element T>
+void require_distinct_requests(std::string_view where, std::span<const decode_token<T>> tokens,
+                               int requests) {
+  std::vector<int> first(static_cast<std::size_t>(requests), -1);  // token index of each request
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    int& f = first[static_cast<std::size_t>(tokens[i].request)];
+    require(f < 0, where, [&] { return "tokens[" + std::to_string(i) + "].request"; }, tokens[i].request,
+            [&] { return "a request not already in this step (tokens[" + std::to_string(f) +
+                         "]): one token per request in a step"; });
+    f = static_cast<int>(i);
+  }
 }
 
 struct method_stats {

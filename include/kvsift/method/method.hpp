@@ -273,7 +273,7 @@ class method {
     }
     for (const auto& t : tokens) in_batch_[t.request] = 0;
     check_budgets_after_step(layer, tokens);
-    plan_layer_ = -1;
+    binding_.unbind();
     plan_.requests.clear();
     for (const auto& t : tokens) {
       const auto pos = store_->next_position(t.request, layer);
@@ -287,7 +287,7 @@ class method {
     if constexpr (page_level_selection) {
       if (layer >= p_.dense_layers) {
         select_pages(layer, tokens);
-        plan_layer_ = layer;
+        binding_.bind(layer);
         return plan_;
       }
     }
@@ -312,7 +312,7 @@ class method {
       }
     }
     fill_positions(layer);
-    plan_layer_ = layer;
+    binding_.bind(layer);
     return plan_;
   }
   const attention_plan& decode(int layer, const decode_token<element_type>& token) {
@@ -340,7 +340,7 @@ class method {
   // order, queries when the scorer needs them), once: the step's plan is spent afterwards.
   void after_attention(int layer, std::span<const decode_token<element_type>> tokens) {
     check_step("method.after_attention", layer, tokens, Scorer_::needs_queries);
-    plan_layer_ = -1;  // applied once; the next step starts with decode()
+    binding_.unbind();  // applied once; the next step starts with decode()
     if (layer < p_.dense_layers || page_level_selection) return;
     const auto& sh = store_->shape();
     if constexpr (scorer_hooks.observe) {
@@ -384,7 +384,7 @@ class method {
     }
     if constexpr (scorer_hooks.reset) scorer_.reset(std::as_const(*store_), request);
     if constexpr (budgeter_hooks.reset) budgeter_.reset(request);
-    plan_layer_ = -1;  // a pending step may have included the request
+    binding_.unbind();  // a pending step may have included the request
   }
 
   // 5.
@@ -422,26 +422,7 @@ class method {
   // attend / after_attention: the step planned by the last decode(), not yet applied.
   void check_step(std::string_view where, int layer,
                   std::span<const decode_token<element_type>> tokens, bool needs_query) const {
-    require(plan_layer_ >= 0 && layer == plan_layer_, where, "layer", layer, [&] {
-      return plan_layer_ < 0
-                 ? std::string("the layer of a decode() not yet applied (none is pending: call "
-                               "decode() first, once per step)")
-                 : "the layer of the last decode() (" + std::to_string(plan_layer_) + ")";
-    });
-    require(tokens.size() == plan_.requests.size(), where, "tokens.size", tokens.size(), [&] {
-      return "the last decode()'s batch size (" + std::to_string(plan_.requests.size()) + ")";
-    });
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      require(tokens[i].request == plan_.requests[i], where,
-              [&] { return "tokens[" + std::to_string(i) + "].request"; }, tokens[i].request,
-              [&] {
-                return "request " + std::to_string(plan_.requests[i]) +
-                       ", as in the last decode()";
-              });
-      require(!needs_query || tokens[i].query != nullptr, where,
-              [&] { return "tokens[" + std::to_string(i) + "].query"; }, "null",
-              [] { return std::string("a [q_heads, d] array"); });
-    }
+    binding_.check(where, layer, tokens, plan_.requests, needs_query);
   }
 
   // Queries available for the window ending at chunk c's last token: c's own, plus the buffered
@@ -680,7 +661,7 @@ class method {
   index_sets kept_;
   std::vector<budget_revision> revisions_;  // a progressive budgeter's orders after a round
   attention_plan plan_;
-  int plan_layer_ = -1;                // layer of the pending step (decode() done, not yet applied)
+  step_binding binding_;               // the pending step (decode() done, not yet applied)
   std::vector<int> sizes_;             // scratch: plan segment sizes
   std::vector<int> batch_, lengths_;   // scratch: after_attention's batch, a round's lengths
   std::vector<unsigned char> in_batch_;  // [requests] scratch: requests seen in a decode batch

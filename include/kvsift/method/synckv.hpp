@@ -57,6 +57,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvsift {
@@ -117,7 +118,7 @@ class synckv {
     const auto& sh = store.shape();
     const std::size_t rl = static_cast<std::size_t>(store.requests()) * sh.layers;
     state_.assign(rl, {});
-    pending_ = detail::pending_recalls<T>(rl);
+    pending_ = pending_type(rl);
     layer_budgets_.assign(static_cast<std::size_t>(sh.layers), -1);
   }
   synckv(synckv&&) noexcept = default;
@@ -137,30 +138,35 @@ class synckv {
   [[nodiscard]] budget::synckv_split split(int n) const {
     return budget_of(store_->shape(), p_).split(n);
   }
-  [[nodiscard]] int step(int request, int layer) const { return state_[rl(request, layer)].steps; }
-  // Prompt length of (request, layer): positions below it are prefill tokens.
+  // Decode steps of (request, layer) since its prompt ended (0 before).
+  [[nodiscard]] int step(int request, int layer) const {
+    return state_[checked_rl("synckv.step", request, layer)].steps;
+  }
+  // Prompt length of (request, layer): positions below it are prefill tokens (-1 before its end).
   [[nodiscard]] std::int32_t prompt_end(int request, int layer) const {
-    return state_[rl(request, layer)].prompt_end;
+    return state_[checked_rl("synckv.prompt_end", request, layer)].prompt_end;
   }
   // Whether the last after_attention of (request, layer) anticipated (t % m == 0, some R-head
   // with followers).
   [[nodiscard]] bool anticipated(int request, int layer) const {
-    return state_[rl(request, layer)].anticipated;
+    return state_[checked_rl("synckv.anticipated", request, layer)].anticipated;
   }
   // Whether an anticipation's recall is decided and not yet installed / not yet copied.
   [[nodiscard]] bool recall_pending(int request, int layer) const {
-    return pending_.has(rl(request, layer));
+    return pending_.has(checked_rl("synckv.recall_pending", request, layer));
   }
   [[nodiscard]] bool recall_in_flight(int request, int layer) const {
-    return pending_.in_flight(*xfer_, rl(request, layer));
+    return pending_.in_flight(*xfer_, checked_rl("synckv.recall_in_flight", request, layer));
   }
-  // Cluster c's static / dynamic set (original positions, ascending) of (request, layer); the
-  // dynamic set is the one decided last (pending until the next decode installs it).
+  // Cluster c's static / dynamic set (original positions, ascending) of (request, layer), as its
+  // followers hold them: an anticipation's dynamic set becomes this one when the next decode()
+  // installed its recall (a recall that fails leaves the previous set). Only after the prompt
+  // ended (kvsift::error before, and after reset()).
   [[nodiscard]] std::span<const std::int32_t> static_set(int request, int layer, int c) const {
-    return state_[rl(request, layer)].static_pos[c];
+    return placed_state("synckv.static_set", request, layer, c).static_pos[c];
   }
   [[nodiscard]] std::span<const std::int32_t> dynamic_set(int request, int layer, int c) const {
-    return state_[rl(request, layer)].dynamic_pos[c];
+    return placed_state("synckv.dynamic_set", request, layer, c).dynamic_pos[c];
   }
 
   // 1. Appends each chunk (the chunk marked `last` must carry at least the prompt's last query),
@@ -194,9 +200,10 @@ class synckv {
     constexpr std::string_view where = "synckv.decode";
     const auto& sh = store_->shape();
     check_layer(where, layer);
+    for (const auto& t : tokens) check_request(where, t.request);
+    require_distinct_requests(where, tokens, store_->requests());
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       const auto& t = tokens[i];
-      check_request(where, t.request);
       require(t.key != nullptr && t.value != nullptr, where, "key/value", "null",
               "[kv_heads, d] arrays");
       require(t.query != nullptr, where, "query", "null", "a [q_heads, d] array (SyncKV scores it)");
@@ -206,8 +213,14 @@ class synckv {
       require(store_->host_length(t.request, layer) < store_->host_capacity(), where, "request",
               t.request, "a head-sequence with room for one more token in the host pool");
     }
+    binding_.unbind();
     plan_.requests.clear();
-    for (const auto& t : tokens) pending_.complete(*xfer_, *store_, rl(t.request, layer));
+    for (const auto& t : tokens) {
+      auto& st = state_[rl(t.request, layer)];
+      pending_.complete(*xfer_, *store_, rl(t.request, layer), [&](decision d) {
+        for (auto& [c, dyn] : d) st.dynamic_pos[c] = std::move(dyn);
+      });
+    }
     for (const auto& t : tokens) {
       store_->append(t.request, layer,
                      kv_view<const T, nhd>::contiguous(t.key, 1, sh.kv_heads, sh.head_dim),
@@ -218,14 +231,18 @@ class synckv {
     }
     detail::plan_whole_working_set(*store_, layer, plan_);
     store_->debug_verify();
+    binding_.bind(layer);
     return plan_;
   }
   const attention_plan& decode(int layer, const decode_token<T>& token) {
     return decode(layer, std::span<const decode_token<T>>(&token, 1));
   }
 
-  // 3. The library's attention over the current plan: out [tokens.size(), q_heads, d].
+  // 3. The library's attention over the current plan: out [tokens.size(), q_heads, d]. The call
+  // must be the step of the last decode(): same layer, same requests in the same order, a query
+  // each (kvsift::error otherwise).
   void attend(int layer, std::span<const decode_token<T>> tokens, float* out) const {
+    binding_.check("synckv.attend", layer, tokens, plan_.requests, true);
     detail::attend_over_plan(*store_, layer, tokens, plan_, out);
   }
 
@@ -235,12 +252,8 @@ class synckv {
     constexpr std::string_view where = "synckv.after_attention";
     const auto& sh = store_->shape();
     check_layer(where, layer);
-    for (const auto& t : tokens) {
-      check_request(where, t.request);
-      require(t.query != nullptr, where, "query", "null", "a [q_heads, d] array");
-      require(state_[rl(t.request, layer)].steps > 0, where, "request", t.request,
-              "a request that decoded a step on this layer");
-    }
+    binding_.check(where, layer, tokens, plan_.requests, true);  // once per decode()
+    binding_.unbind();
     const trigger trig{{.m = p_.stride}};
     const auto& roles = p_.roles[layer];
     bool any_followers = false;
@@ -283,12 +296,12 @@ class synckv {
     int seg = 0;
     for (const int r : firing) {
       auto& st = state_[rl(r, layer)];
-      std::vector<typename detail::pending_recalls<T>::target> targets;
+      std::vector<typename pending_type::target> targets;
+      decision next;  // the new dynamic sets: the followers' state once their recall is installed
       for (int c = 0; c < roles.clusters(); ++c) {
         if (roles.followers(c) == 0) continue;
         const auto rep_seq = sh.sequence(r, layer, roles.representatives[c]);
-        auto& dyn = st.dynamic_pos[c];
-        dyn.clear();
+        auto& dyn = next.emplace_back(c, std::vector<std::int32_t>{}).second;
         for (const auto slot : rep_dynamic[seg]) dyn.push_back(store_->position(rep_seq, slot));
         ++seg;
         std::vector<std::int32_t> prefill_part;
@@ -299,7 +312,8 @@ class synckv {
           targets.push_back({sh.sequence(r, layer, h), prefill_part, st.prompt_end});
         }
       }
-      pending_.submit(*xfer_, *store_, rl(r, layer), std::move(targets));
+      pending_.submit(*xfer_, *store_, rl(r, layer), std::move(targets), std::move(next),
+                      [&](decision d) { for (auto& [c, dyn] : d) st.dynamic_pos[c] = std::move(dyn); });
       st.anticipated = true;
       ++refreshes_;
     }
@@ -316,6 +330,7 @@ class synckv {
       state_[rl(request, l)] = {};
     }
     store_->reset(request);
+    binding_.unbind();  // a pending step may have included the request
   }
 
   // 5. Working-set bytes and tokens, bytes the transfer recalled, anticipations, stalls (decode
@@ -333,6 +348,10 @@ class synckv {
   }
 
  private:
+  // An anticipation's outcome, per cluster with followers: (cluster, new dynamic set).
+  using decision = std::vector<std::pair<int, std::vector<std::int32_t>>>;
+  using pending_type = detail::pending_recalls<T, decision>;
+
   struct request_state {
     std::int32_t prompt_end = -1;  // positions below it are the prompt; -1 before its end
     int steps = 0;
@@ -366,6 +385,20 @@ class synckv {
   void check_request(std::string_view where, int request) const {
     require(request >= 0 && request < store_->requests(), where, "request", request,
             "in [0, " + std::to_string(store_->requests()) + ")");
+  }
+  [[nodiscard]] std::size_t checked_rl(std::string_view where, int request, int layer) const {
+    check_request(where, request);
+    check_layer(where, layer);
+    return rl(request, layer);
+  }
+  // The state of (request, layer) once its prompt was placed, with c a cluster of the layer.
+  [[nodiscard]] const request_state& placed_state(std::string_view where, int request, int layer, int c) const {
+    const auto& st = state_[checked_rl(where, request, layer)];
+    require(st.prompt_end >= 0, where, "request", request,
+            "a request whose prompt ended on this layer (its sets exist from then until reset())");
+    require(c >= 0 && c < static_cast<int>(st.static_pos.size()), where, "c", c,
+            [&] { return "a cluster in [0, " + std::to_string(st.static_pos.size()) + ")"; });
+    return st;
   }
 
   // The end of the prompt: R-heads' last-query attention -> static / dynamic sets -> followers
@@ -433,7 +466,8 @@ class synckv {
   std::unique_ptr<transfer_type> xfer_;
   scorer scorer_{{.kernel = 1, .pool = pooling::avg, .gqa = gqa_reduce::max}};
   std::vector<request_state> state_;  // [requests * layers]
-  detail::pending_recalls<T> pending_;
+  pending_type pending_;
+  step_binding binding_;  // attend / after_attention: the step of the last decode()
   std::vector<int> layer_budgets_;
   std::int64_t refreshes_ = 0;
   score_sets scores_;

@@ -290,9 +290,15 @@ class tiered {
   void install(std::int64_t seq, std::span<const std::int32_t> positions, const landing<T>& from) {
     constexpr std::string_view where = "store::tiered.install";
     check_target(where, seq, positions);
-    require(from.dim == shape_.head_dim, where, "from.dim", from.dim, std::to_string(shape_.head_dim));
+    check_landing(where, from);
     const int r = from.find(seq);
     const auto landed = r >= 0 ? from.positions[r] : std::span<const std::int32_t>{};
+    for (std::size_t i = 1; i < landed.size(); ++i) {  // the merge below needs them ascending
+      require(landed[i] > landed[i - 1], where, [&] { return "from.positions[" + std::to_string(r) + "]"; },
+              landed[i], [&] {
+                return "ascending landed positions without duplicates (head-sequence " + std::to_string(seq) + ")";
+              });
+    }
     {  // one merge pass (all three ascend): each position is resident or in the landing
       const auto& res = work_[seq].positions;
       std::size_t a = 0, b = 0;
@@ -476,6 +482,29 @@ class tiered {
   }
   [[nodiscard]] T* host_row_mut(std::int64_t seq, int index, int kv) {
     return const_cast<T*>(host_row(seq, index, kv));
+  }
+
+  // Validates a landing's structure (a landing is filled by transfer::async, but install is
+  // public): the head dimension, one CSR segment per recalled head-sequence, and exactly one K
+  // and one V row per landed position. O(recalled head-sequences).
+  void check_landing(std::string_view where, const landing<T>& from) const {
+    require(from.dim == shape_.head_dim, where, "from.dim", from.dim, std::to_string(shape_.head_dim));
+    const auto& off = from.positions.offsets;
+    require(!off.empty() && off.size() == from.seqs.size() + 1, where, "from.positions.offsets.size",
+            off.size(), [&] { return "from.seqs.size() + 1 = " + std::to_string(from.seqs.size() + 1); });
+    require(off.front() == 0, where, "from.positions.offsets[0]", off.front(), "0");
+    for (std::size_t s = 1; s < off.size(); ++s) {
+      require(off[s] >= off[s - 1], where, [&] { return "from.positions.offsets[" + std::to_string(s) + "]"; },
+              off[s], [&] { return ">= offsets[" + std::to_string(s - 1) + "] (CSR offsets)"; });
+    }
+    const std::size_t rows = from.positions.values.size();
+    require(static_cast<std::size_t>(off.back()) == rows, where, "from.positions.offsets.back", off.back(),
+            [&] { return "the landed position count " + std::to_string(rows); });
+    const std::size_t elems = rows * static_cast<std::size_t>(shape_.head_dim);
+    require(from.keys.size() == elems, where, "from.keys.size", from.keys.size(),
+            [&] { return std::to_string(rows) + " rows x head_dim " + std::to_string(shape_.head_dim); });
+    require(from.values.size() == elems, where, "from.values.size", from.values.size(),
+            [&] { return std::to_string(rows) + " rows x head_dim " + std::to_string(shape_.head_dim); });
   }
 
   // Validates a target working set: a real head-sequence, positions ascending, each in the pool.

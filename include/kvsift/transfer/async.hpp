@@ -143,7 +143,8 @@ class async {
               "a head-sequence id in [0, " + std::to_string(sequences) + ")");
       const auto [request, layer] = store.request_layer(seq);
       const auto& pos = what[r].positions;
-      const std::int32_t* pool_positions = store.host_positions(request, layer).data();
+      const auto pool = store.host_positions(request, layer);  // [host_length]: the pool's tokens
+      const std::int32_t* pool_positions = pool.data();
       int hint = 0;
       for (std::size_t i = 0; i < pos.size();) {
         // messages are built only on failure: this loop runs once per run of recalled rows
@@ -160,9 +161,11 @@ class async {
           if (!p_.staged || job->claim_runs.empty()) job->claim_runs.push_back(static_cast<std::uint32_t>(job->runs.size()));
         }
         // the run: the following rows of this page of the pool, as long as they are the next
-        // positions asked for (pool positions ascend, so these are found and ascending too)
+        // positions asked for (pool positions ascend, so these are found and ascending too). A
+        // run never reaches past the pool's last token: the slots after it hold no position.
         const std::size_t limit = std::min({static_cast<std::size_t>(page - index % page),
-                                            static_cast<std::size_t>(chunk_left), pos.size() - i});
+                                            static_cast<std::size_t>(chunk_left), pos.size() - i,
+                                            pool.size() - static_cast<std::size_t>(index)});
         std::size_t m = 1;
         while (m < limit && pool_positions[index + static_cast<int>(m)] == pos[i + m]) ++m;
         job->runs.push_back({store.host_key(seq, index), store.host_value(seq, index),

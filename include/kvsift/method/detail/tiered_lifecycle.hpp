@@ -8,14 +8,18 @@
 // One slot per key (the methods use request * layers + layer). After step t's attention a method
 // calls submit() with, per head-sequence to change, its new PREFILL part: the positions below
 // `boundary` it must hold from step t+1 (tokens at or above the boundary — the decode tokens —
-// stay as they are). submit() sends the positions that are not resident to the transfer in ONE
-// recall and returns at once. At the start of step t+1 (before its token is appended) the method
-// calls complete(): it waits on the recall (the transfer counts a stall when the copy is not done
-// yet — the step then blocks; it never reads stale or partial rows), installs each target's
-// working set = prefill part ∪ {resident positions >= boundary}, and releases the landing. A target
-// with nothing to fetch is applied by store.promote, which copies nothing. cancel() drops a
-// pending recall (reset of a request). Cost: one transfer per key per decision; O(resident) per
-// installed head-sequence.
+// stay as they are), and the method's `Decision` (what its state becomes once the rows are
+// there: SyncKV's dynamic sets, HeteroCache's references). submit() sends the positions that are
+// not resident to the transfer in ONE recall and returns at once. At the start of step t+1
+// (before its token is appended) the method calls complete(): it waits on the recall (the
+// transfer counts a stall when the copy is not done yet — the step then blocks; it never reads
+// stale or partial rows), installs each target's working set = prefill part ∪ {resident positions
+// >= boundary}, releases the landing and only then hands the decision to `commit`. A decision is
+// thus committed to the method's state only after its install succeeded: a recall that fails (at
+// submit or in the copy) leaves the method's state as it was, matching what the store holds. A
+// target with nothing to fetch is applied by store.promote, which copies nothing. cancel() drops
+// a pending recall and its decision (reset of a request). Cost: one transfer per key per
+// decision; O(resident) per installed head-sequence.
 
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/method/lifecycle.hpp>
@@ -24,6 +28,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,7 +38,7 @@
 
 namespace kvsift::detail {
 
-template <Element T>
+template <Element T, class Decision>
 class pending_recalls {
  public:
   struct target {
@@ -50,11 +55,19 @@ class pending_recalls {
   }
   // Rows the pending recall of `key` brings (0 when none or nothing to fetch).
   [[nodiscard]] std::int64_t rows(std::size_t key) const { return slots_[key].rows; }
+  // The decision pending for `key` (nullptr when none): not yet the method's state.
+  [[nodiscard]] const Decision* decision(std::size_t key) const {
+    return slots_[key].active ? &slots_[key].decision : nullptr;
+  }
 
-  // Replaces any pending decision of `key` (an older one is completed first, so decisions apply
-  // in order) and submits the rows `targets` miss. Positions must be in the host pool.
-  void submit(transfer::async<T>& x, store::tiered<T>& st, std::size_t key, std::vector<target> targets) {
-    if (slots_[key].active) complete(x, st, key);
+  // Submits the rows `targets` miss and keeps `decision` with them, uncommitted. An older
+  // pending decision of `key` is completed (and committed through `commit`) first, so decisions
+  // apply in order. Positions must be in the host pool. A submit that throws leaves no pending
+  // decision (the method's state is unchanged).
+  template <class Commit>
+  void submit(transfer::async<T>& x, store::tiered<T>& st, std::size_t key, std::vector<target> targets,
+              Decision decision, Commit&& commit) {
+    if (slots_[key].active) complete(x, st, key, commit);
     std::vector<transfer::recall_request> what;
     std::int64_t rows = 0;
     for (const auto& t : targets) {
@@ -68,34 +81,40 @@ class pending_recalls {
     auto& s = slots_[key];
     s.ticket = what.empty() ? 0 : x.submit(st, std::move(what));  // validates before queueing
     s.targets = std::move(targets);
+    s.decision = std::move(decision);
     s.rows = rows;
     s.active = true;
   }
 
-  // Waits for the pending recall of `key` (a stall when it is not done), installs every target and
-  // releases the landing. Nothing happens when none is pending. A failed recall throws
-  // kvsift::error with the store unchanged (the decision is dropped).
-  void complete(transfer::async<T>& x, store::tiered<T>& st, std::size_t key) {
+  // Waits for the pending recall of `key` (a stall when it is not done), installs every target,
+  // releases the landing, then calls commit(decision). Nothing happens when none is pending. A
+  // failed recall throws kvsift::error with the store and the method's state unchanged (the
+  // decision is dropped, never committed).
+  template <class Commit>
+  void complete(transfer::async<T>& x, store::tiered<T>& st, std::size_t key, Commit&& commit) {
     auto& s = slots_[key];
     if (!s.active) return;
     s.active = false;
     const auto ticket = std::exchange(s.ticket, 0);
     const auto targets = std::move(s.targets);
+    auto decision = std::move(s.decision);
     s.targets.clear();
+    s.decision = {};
     s.rows = 0;
     if (ticket == 0) {
       for (const auto& t : targets) st.promote(t.seq, working_set(st, t));
-      return;
-    }
-    const store::landing<T>* landed = nullptr;
-    try {
-      landed = &x.wait(ticket);
-    } catch (...) {
+    } else {
+      const store::landing<T>* landed = nullptr;
+      try {
+        landed = &x.wait(ticket);
+      } catch (...) {
+        x.release(ticket);
+        throw;
+      }
+      for (const auto& t : targets) st.install(t.seq, working_set(st, t), *landed);
       x.release(ticket);
-      throw;
     }
-    for (const auto& t : targets) st.install(t.seq, working_set(st, t), *landed);
-    x.release(ticket);
+    commit(std::move(decision));
   }
 
   // Drops the pending decision of `key` (the store is unchanged).
@@ -110,6 +129,7 @@ class pending_recalls {
     bool active = false;
     typename transfer::async<T>::ticket ticket = 0;  // 0: nothing to fetch
     std::vector<target> targets;
+    Decision decision{};
     std::int64_t rows = 0;
   };
   // prefill part ∪ the resident positions >= boundary, ascending.
@@ -136,10 +156,14 @@ std::vector<int> check_prefill_chunks(const store::tiered<T>& st, int layer,
   const auto& sh = st.shape();
   std::vector<std::int32_t> next(static_cast<std::size_t>(st.requests()), -1);
   std::vector<int> added(static_cast<std::size_t>(st.requests()), 0);
+  std::vector<char> ended(static_cast<std::size_t>(st.requests()), 0);  // its `last` chunk seen
   for (const auto& c : chunks) {
     st.check_request_layer(where, c.request, layer);
     require(prompt_open(c.request), where, "request", c.request,
             "a request whose prompt has not ended on this layer (reset() it first)");
+    require(!ended[c.request], where, "request", c.request,
+            "no chunk after the request's `last` chunk in the same call (its prompt ends there)");
+    ended[c.request] = c.last ? 1 : 0;
     c.keys.validate(where, "keys", sh.kv_heads, sh.head_dim);
     c.values.validate(where, "values", sh.kv_heads, sh.head_dim);
     require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens,
