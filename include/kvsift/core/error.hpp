@@ -2,12 +2,16 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 namespace kvsift {
 
@@ -89,5 +93,28 @@ void require(bool ok, std::string_view where, Arg&& arg, const V& value, Expecte
     detail::fail(where, a, value, text);
   }
 }
+
+// The product of `factors` when every one is >= 0 and the product is <= `limit`; std::nullopt
+// otherwise. Each multiplication is checked before it is done, so nothing wraps: for the sizes a
+// constructor allocates from a shape, where a wrapped product would build a store too small for
+// it. `limit` is usually max_allocation_bytes with sizeof(T) among the factors.
+template <std::integral... N>
+[[nodiscard]] constexpr std::optional<std::uint64_t> checked_product(std::uint64_t limit,
+                                                                     N... factors) {
+  if ((std::cmp_less(factors, 0) || ...)) return std::nullopt;
+  if (((factors == 0) || ...)) return 0;
+  std::uint64_t p = 1;
+  const auto times = [&](std::uint64_t f) {
+    if (p > limit / f) return false;
+    p *= f;
+    return true;
+  };
+  if (!(times(static_cast<std::uint64_t>(factors)) && ...)) return std::nullopt;
+  return p;
+}
+
+// The most bytes one array can have (std::vector's and pointer arithmetic's limit).
+inline constexpr std::uint64_t max_allocation_bytes =
+    static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max());
 
 }  // namespace kvsift

@@ -14,6 +14,7 @@
 #include <kvsift/core/view.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -177,10 +178,27 @@ class basic_store {
       : shape_(shape), requests_(requests) {
     shape_.validate(where);
     require(requests > 0, where, "requests", requests, "> 0");
+    check_size(where, "", "[requests x layers x kv_heads] head-sequence lengths", requests,
+               shape_.layers, shape_.kv_heads, sizeof(int));
     length_.assign(static_cast<std::size_t>(requests) * shape_.sequences_per_request(), 0);
     next_.assign(static_cast<std::size_t>(requests) * shape_.layers, 0);
   }
   [[nodiscard]] std::int64_t sequences() const { return static_cast<std::int64_t>(length_.size()); }
+  // Throws kvsift::error naming the shape (and `extra`, the derived store's sizes: ", capacity
+  // 64") unless `factors` (sizeof(T) among them) multiply to one array's bytes without overflow:
+  // a wrapped product would build a store too small for its shape. `array` names the array.
+  template <std::integral... N>
+  void check_size(std::string_view where, std::string_view extra, std::string_view array,
+                  N... factors) const {
+    if (checked_product(max_allocation_bytes, factors...)) return;
+    throw make_error(where, "shape",
+                     "requests " + std::to_string(requests_) + ", layers " +
+                         std::to_string(shape_.layers) + ", kv_heads " +
+                         std::to_string(shape_.kv_heads) + ", head_dim " +
+                         std::to_string(shape_.head_dim) + std::string(extra),
+                     std::string(array) + " of at most " + std::to_string(max_allocation_bytes) +
+                         " bytes (the size overflows)");
+  }
 
   model_shape shape_;
   int requests_ = 0;

@@ -21,6 +21,7 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
  public:
   dense(model_shape shape, int requests, int capacity)
       : base(shape, requests, "store::dense"), capacity_(check_capacity(capacity)) {
+    check_pool_size();
     const std::size_t n = static_cast<std::size_t>(this->sequences()) * capacity_ * shape.head_dim;
     owned_keys_.resize(n);
     owned_values_.resize(n);
@@ -34,6 +35,7 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
       : base(shape, requests, "store::dense"), capacity_(check_capacity(capacity)) {
     require(keys != nullptr, "store::dense", "keys", "null", "engine key memory");
     require(values != nullptr, "store::dense", "values", "null", "engine value memory");
+    check_pool_size();  // the engine's arrays have this size: slot addresses must not overflow
     keys_ = keys;
     values_ = values;
     positions_.resize(static_cast<std::size_t>(this->sequences()) * capacity_);
@@ -51,6 +53,14 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
   static int check_capacity(int capacity) {
     require(capacity > 0, "store::dense", "capacity", capacity, "> 0");
     return capacity;
+  }
+  void check_pool_size() const {
+    this->check_size("store::dense", ", capacity " + std::to_string(capacity_),
+                     "keys and values [requests x layers x kv_heads, capacity, head_dim]",
+                     this->sequences(), capacity_, this->shape_.head_dim, sizeof(T));
+    this->check_size("store::dense", ", capacity " + std::to_string(capacity_),
+                     "positions [requests x layers x kv_heads, capacity]", this->sequences(),
+                     capacity_, sizeof(std::int32_t));
   }
   [[nodiscard]] T* key_slot(std::int64_t seq, int slot) const {
     return keys_ + (seq * capacity_ + slot) * this->shape_.head_dim;

@@ -38,6 +38,11 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
               return "<= " + std::to_string(std::numeric_limits<int>::max() / page_size) +
                      " pages of " + std::to_string(page_size) + " (slot numbers are int)";
             });
+    this->check_size("store::paged",
+                     ", page_size " + std::to_string(page_size) + ", total_pages " +
+                         std::to_string(total_pages),
+                     "key and value pools [total_pages, page_size, head_dim]", total_pages,
+                     page_size, shape.head_dim, sizeof(T));
     require((keys == nullptr) == (values == nullptr), "store::paged", "keys/values",
             keys == nullptr ? "null keys" : "null values", "both engine pools or neither");
     const std::size_t n = static_cast<std::size_t>(total_pages) * page_size * shape.head_dim;

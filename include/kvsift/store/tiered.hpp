@@ -111,7 +111,24 @@ class tiered {
     require(requests > 0, where, "requests", requests, "> 0");
     require(host_capacity > 0, where, "host_capacity", host_capacity, "> 0 tokens");
     require(page_size > 0, where, "page_size", page_size, "> 0 tokens");
-    pages_ = (capacity_ + page_ - 1) / page_;
+    pages_ = static_cast<int>((std::int64_t{capacity_} + page_ - 1) / page_);
+    // every array's size without overflow: a wrapped product would build a pool too small
+    if (!checked_product(max_allocation_bytes, requests, shape_.layers, pages_, shape_.kv_heads,
+                         2, page_, shape_.head_dim, sizeof(T)) ||
+        !checked_product(max_allocation_bytes, requests, shape_.layers, shape_.kv_heads,
+                         sizeof(working_rows)) ||
+        !checked_product(max_allocation_bytes, requests, shape_.layers, capacity_,
+                         sizeof(std::int32_t))) {
+      throw make_error(where, "shape",
+                       "requests " + std::to_string(requests) + ", layers " +
+                           std::to_string(shape_.layers) + ", kv_heads " +
+                           std::to_string(shape_.kv_heads) + ", head_dim " +
+                           std::to_string(shape_.head_dim) + ", host_capacity " +
+                           std::to_string(capacity_) + ", page_size " + std::to_string(page_),
+                       "a host pool [requests x layers x pages, kv_heads, 2, page_size, "
+                       "head_dim] of at most " + std::to_string(max_allocation_bytes) +
+                           " bytes (the size overflows)");
+    }
     const std::size_t rl = static_cast<std::size_t>(requests) * shape_.layers;
     const std::size_t pool = rl * static_cast<std::size_t>(pages_) * shape_.kv_heads * 2 *
                              static_cast<std::size_t>(page_) * shape_.head_dim;
