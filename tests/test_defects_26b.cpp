@@ -28,6 +28,13 @@ namespace {
 
 using Catch::Matchers::ContainsSubstring;
 using kvsift::model_shape;
+using view = kvsift::kv_view<const float, kvsift::nhd>;
+
+std::vector<float> wave(std::size_t n, float a, float b = 0.0f) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::sin(a * static_cast<float>(i) + b);
+  return v;
+}
 
 // The message of the kvsift::error `f` throws ("" when it throws nothing; any other exception
 // escapes and fails the test).
@@ -41,7 +48,70 @@ std::string error_of(F&& f) {
   return "";
 }
 
+kvsift::method_config freekv_config(model_shape shape, int prompt) {
+  kvsift::method_config c;
+  c.shape = shape;
+  c.capacity = prompt + 16;
+  c.prompt_len = prompt;
+  c.budget = 64;
+  return c;
+}
+
 }  // namespace
+
+// ---- 9. integer options -------------------------------------------------------------------
+
+TEST_CASE("registry integer options: non-integral, negative or out-of-range values are errors",
+          "[defects][registry][bad_input]") {
+  const auto& reg = kvsift::default_method_registry<float>();
+  const model_shape shape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 8};
+
+  struct bad_case {
+    std::string method, option;
+    double value;
+    std::string shown;  // the value as the message must show it
+  };
+  const std::vector<bad_case> cases{
+      {"freekv", "page_size", 16.5, "16.5"},        // was truncated to 16
+      {"freekv", "page_size", 1e20, "1e+20"},       // out of int: undefined behaviour before
+      {"freekv", "page_size", -16.0, "-16"},        // a size is never negative
+      {"freekv", "dense_layers", 0.5, "0.5"},       // was truncated to 0
+      {"freekv", "dense_layers", -1.0, "-1"},
+      {"lagkv", "lag", 31.9, "31.9"},               // was truncated to 31
+      {"lagkv", "sink", 3e9, "3e+09"},              // out of int
+      {"lagkv", "sink", std::nan(""), "nan"},
+  };
+  for (const auto& bc : cases) {
+    CAPTURE(bc.method, bc.option, bc.value);
+    auto c = freekv_config(shape, 64);
+    c.options[bc.option] = bc.value;
+    const std::string what = error_of([&] { (void)reg.make(bc.method, c); });
+    CAPTURE(what);
+    REQUIRE_THAT(what, ContainsSubstring("'options." + bc.option + "' = " + bc.shown));
+    REQUIRE_THAT(what, ContainsSubstring("expected an integer in ["));
+  }
+
+  // the resident-fraction hooks read the same options through the same check
+  for (const std::string method : {"freekv", "lagkv"}) {
+    CAPTURE(method);
+    auto c = freekv_config(shape, 64);
+    c.options[method == "freekv" ? "page_size" : "sink"] = 8.25;
+    const std::string what =
+        error_of([&] { (void)reg.for_resident_fraction(method, c, 0.5); });
+    REQUIRE_THAT(what, ContainsSubstring("= 8.25, expected an integer in ["));
+  }
+
+  // whole numbers given as doubles (how options arrive) still work
+  auto ok = freekv_config(shape, 64);
+  ok.options = {{"page_size", 8.0}, {"dense_layers", 1.0}};
+  auto m = reg.make("freekv", ok);
+  auto* erased = dynamic_cast<kvsift::any_method<kvsift::store::tiered<float>>*>(m.get());
+  REQUIRE(erased != nullptr);
+  REQUIRE(erased->store().page_size() == 8);
+  auto lag = freekv_config(shape, 64);
+  lag.options = {{"lag", 16.0}, {"sink", 4.0}};
+  REQUIRE(reg.make("lagkv", lag) != nullptr);
+}
 
 // ---- 10. store sizes that overflow --------------------------------------------------------
 
@@ -100,4 +170,70 @@ TEST_CASE("stores: a shape whose pool size overflows is an error naming the shap
     REQUIRE(d.capacity() == 100);
     REQUIRE(p.free_pages() == 40);
   }
+}
+
+// ---- 14. FreeKV's dense layers: factory and hook agree ------------------------------------
+
+TEST_CASE("registry freekv: the resident-fraction hook sizes the layers the factory builds",
+          "[defects][registry][freekv]") {
+  const auto& reg = kvsift::default_method_registry<float>();
+  const int n = 512;
+  for (const int layers : {1, 2, 4}) {
+    for (const double fraction : {0.6, 0.75}) {
+      CAPTURE(layers, fraction);
+      const model_shape shape{.layers = layers, .q_heads = 4, .kv_heads = 2, .head_dim = 8};
+      const auto c = reg.for_resident_fraction("freekv", freekv_config(shape, n), fraction);
+      REQUIRE(c.has_value());
+      auto m = reg.make("freekv", *c);
+      // the layers the factory built sparse carry the hook's budget; a one-layer model has no
+      // dense layer (METHODS.md's dense layers [0, 1) leave at least one layer to retrieve)
+      const auto budgets = m->stats().layer_budgets;
+      REQUIRE(static_cast<int>(budgets.size()) == layers);
+      const int dense = layers == 1 ? 0 : 1;
+      for (int l = 0; l < layers; ++l) {
+        CAPTURE(l);
+        REQUIRE(budgets[l] == (l < dense ? -1 : c->budget));
+      }
+      // and the resident KV right after the prompt is the fraction asked for (within 2%)
+      const auto k = wave(static_cast<std::size_t>(n) * 2 * 8, 0.37f);
+      const auto v = wave(static_cast<std::size_t>(n) * 2 * 8, 0.23f, 1.0f);
+      const auto q = wave(4 * 8, 0.71f, 2.0f);
+      for (int l = 0; l < layers; ++l) {
+        const kvsift::prefill_chunk<float> chunk{.request = 0,
+                                                 .keys = view::contiguous(k.data(), n, 2, 8),
+                                                 .values = view::contiguous(v.data(), n, 2, 8),
+                                                 .queries = view::contiguous(q.data(), 1, 4, 8),
+                                                 .first_position = 0,
+                                                 .last = true};
+        m->prefill(l, std::span(&chunk, 1));
+      }
+      const double full = static_cast<double>(layers) * 2 * n * 2 * 8 * sizeof(float);
+      CHECK(std::abs(static_cast<double>(m->resident_bytes()) / full - fraction) <= 0.02);
+    }
+  }
+}
+
+TEST_CASE("registry freekv: dense_layers leaves at least one sparse layer",
+          "[defects][registry][freekv][bad_input]") {
+  const auto& reg = kvsift::default_method_registry<float>();
+  const model_shape shape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 8};
+  auto c = freekv_config(shape, 64);
+  c.options["dense_layers"] = 2;  // every layer dense: nothing to retrieve
+  for (const bool hook : {false, true}) {
+    CAPTURE(hook);
+    const std::string what = error_of([&] {
+      if (hook) {
+        (void)reg.for_resident_fraction("freekv", c, 0.5);
+      } else {
+        (void)reg.make("freekv", c);
+      }
+    });
+    CAPTURE(what);
+    REQUIRE_THAT(what, ContainsSubstring("'options.dense_layers' = 2, expected an integer in [0, 1]"));
+  }
+  c.options["dense_layers"] = 0;  // every layer sparse
+  const auto sized = reg.for_resident_fraction("freekv", c, 0.5);
+  REQUIRE(sized.has_value());
+  const auto budgets = reg.make("freekv", *sized)->stats().layer_budgets;
+  REQUIRE(budgets == std::vector<int>{sized->budget, sized->budget});
 }

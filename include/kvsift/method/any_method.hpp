@@ -28,9 +28,12 @@
 #include <kvsift/store/dense.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <concepts>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -201,6 +204,31 @@ struct method_config {
     const auto it = options.find(key);
     return it == options.end() ? fallback : it->second;
   }
+  // An integer option (a count, a size, a page): `key`'s value when set, `fallback` otherwise.
+  // Options are doubles; the value must be a whole number in [min_value, max_value] (I's range
+  // by default). Anything else (16.5, -1 for a count, 1e20, NaN) is a kvsift::error naming the
+  // option, the value and the range, never a truncation or a cast out of range. Every integer
+  // option the registry reads goes through here.
+  template <std::integral I = int>
+  [[nodiscard]] I integer_option(const std::string& key, I fallback,
+                                 I min_value = std::numeric_limits<I>::lowest(),
+                                 I max_value = std::numeric_limits<I>::max()) const {
+    const auto it = options.find(key);
+    if (it == options.end()) return fallback;
+    const double v = it->second;
+    // v < 2^digits: the type's upper end without rounding (double(INT64_MAX) is 2^63)
+    const bool ok = std::isfinite(v) && std::trunc(v) == v &&
+                    v >= static_cast<double>(min_value) && v <= static_cast<double>(max_value) &&
+                    v < std::ldexp(1.0, std::numeric_limits<I>::digits);
+    if (!ok) [[unlikely]] {
+      char shown[32];
+      const auto r = std::to_chars(shown, shown + sizeof shown, v);
+      throw make_error("method_registry", "options." + key, std::string_view(shown, r.ptr),
+                       "an integer in [" + std::to_string(min_value) + ", " +
+                           std::to_string(max_value) + "]");
+    }
+    return static_cast<I>(v);
+  }
 };
 
 template <Element T>
@@ -309,13 +337,24 @@ void check_feasible(std::string_view method, F&& check) {
   }
 }
 
+// FreeKV's dense layers [0, D) in the registry, for its factory and its resident-fraction hook
+// alike. METHODS.md's default is one dense layer ([0, 1)); the registry keeps at least one layer
+// sparse, because a FreeKV with every layer dense retrieves nothing (it is full_kv): unset, D =
+// min(1, L - 1), so a one-layer model has no dense layer; set ("dense_layers"), D must be an
+// integer in [0, L - 1].
+inline int freekv_dense_layers(const method_config& c) {
+  c.shape.validate("method_registry: freekv");
+  const int most = c.shape.layers - 1;
+  return c.integer_option("dense_layers", std::min(1, most), 0, most);
+}
+
 template <Element T>
 typename synckv<T>::params synckv_params_of(const method_config& c) {
   require(!c.synckv_roles.empty(), "method_registry: synckv", "synckv_roles", "none",
           "head roles (a SyncKV head-roles file, kvsift calibrate --method synckv)");
   typename synckv<T>::params p;
   p.clusters = c.synckv_roles.front().clusters();
-  p.stride = static_cast<int>(c.option("stride", p.stride));
+  p.stride = c.integer_option("stride", p.stride, 1);
   p.rho = c.option("static_share", p.rho);
   p.memory_fraction = c.option("memory_fraction", p.memory_fraction);
   p.roles = c.synckv_roles;
@@ -328,9 +367,9 @@ typename heterocache<T>::params heterocache_params_of(const method_config& c) {
           "none", "head roles (a HeteroCache head-roles file, kvsift calibrate --method heterocache)");
   typename heterocache<T>::params p;
   p.tau_drift = c.option("tau_drift", p.tau_drift);
-  p.drift_window = static_cast<int>(c.option("drift_window", p.drift_window));
+  p.drift_window = c.integer_option("drift_window", p.drift_window, 1);
   p.rho = c.option("rho", p.rho);
-  p.kernel = static_cast<int>(c.option("kernel", p.kernel));
+  p.kernel = c.integer_option("kernel", p.kernel, 1);
   struct file_view {
     const std::vector<method_config::heterocache_layer>& layers;
   };
@@ -385,15 +424,15 @@ std::vector<method_entry<T>> builtin_method_entries() {
   e.push_back({"lagkv", [](const method_config& c) {
                  return make_dense<lagkv<D>>(
                      "lagkv", c,
-                     lagkv_params<D>(static_cast<int>(c.option("sink", 16)),
-                                     static_cast<int>(c.option("lag", 128)),
+                     lagkv_params<D>(c.integer_option("sink", 16, 0),
+                                     c.integer_option("lag", 128, 1),
                                      c.option("keep_fraction", 0.5)));
                },
                // LagKV has no token budget: its resident KV is set by the kept share of each lag
                // partition. The paper's lag (128) first, then shorter lags when a prompt is too
                // short for 128 to reach the fraction (the last full partition stays raw).
                [](method_config c, double fraction) {
-                 const int sink = static_cast<int>(c.option("sink", 16));
+                 const int sink = c.integer_option("sink", 16, 0);
                  const int n = c.prompt_len;
                  const double target = fraction * n;
                  int best_lag = 128, best_keep = 64;
@@ -418,20 +457,21 @@ std::vector<method_entry<T>> builtin_method_entries() {
                  return make_dense<dynamickv<D>>("dynamickv", c, dynamickv_params<D>(c.budget));
                }, budget_for_fraction});
   // FreeKV over store::tiered (it builds its own): B whole pages of p (option "page_size",
-  // default 16 for short prompts), sink = window = B/4 in whole pages (freekv_params).
+  // default 16 for short prompts), sink = window = B/4 in whole pages (freekv_params); dense
+  // layers from detail::freekv_dense_layers, which the factory and the hook share.
   e.push_back({"freekv", [](const method_config& c) {
-                 const int p = static_cast<int>(c.option("page_size", 16));
+                 const int p = c.integer_option("page_size", 16, 1);
+                 const int dense = detail::freekv_dense_layers(c);
                  auto st = std::make_unique<store::tiered<T>>(c.shape, c.requests, c.capacity, p);
                  return std::make_unique<erased_method<freekv<T>>>(
                      "freekv", std::move(st),
-                     freekv_params<T>(c.budget, p, c.option("tau", 0.8),
-                                      static_cast<int>(c.option("dense_layers", 1))));
+                     freekv_params<T>(c.budget, p, c.option("tau", 0.8), dense));
                },
                // dense layers keep the whole prompt: the sparse layers make up the rest
                [](method_config c, double fraction) {
-                 const int p = static_cast<int>(c.option("page_size", 16));
+                 const int p = c.integer_option("page_size", 16, 1);
                  const int L = c.shape.layers;
-                 const int D = std::min(L - 1, static_cast<int>(c.option("dense_layers", 1)));
+                 const int D = detail::freekv_dense_layers(c);  // < L: one layer at least is sparse
                  const double share = std::max(0.0, (fraction * L - D) / (L - D));
                  c.budget = freekv_budget_for_resident(share * c.prompt_len, c.prompt_len, p);
                  c.note = "B=" + std::to_string(c.budget);
