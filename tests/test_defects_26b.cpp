@@ -237,3 +237,47 @@ TEST_CASE("registry freekv: dense_layers leaves at least one sparse layer",
   const auto budgets = reg.make("freekv", *sized)->stats().layer_budgets;
   REQUIRE(budgets == std::vector<int>{sized->budget, sized->budget});
 }
+
+// ---- 11 (host side). The FlashInfer export checks the page lists' CSR offsets ----------------
+
+TEST_CASE("flashinfer export: head_pages.pages offsets are checked, nothing exported",
+          "[defects][flashinfer][bad_input]") {
+  // two entries of a store with pages of 4: entry 0 holds 5 tokens (2 pages), entry 1 3 (1 page)
+  kvsift::head_pages hp;
+  hp.page_size = 4;
+  hp.pages.push_back(std::vector<std::int32_t>{7, 1});
+  hp.pages.push_back(std::vector<std::int32_t>{4});
+  hp.lengths = {5, 3};
+  kvsift::index_sets slots;
+  slots.push_back(std::vector<std::int32_t>{0, 4});
+  slots.push_back(std::vector<std::int32_t>{2});
+  kvsift::index_sets pages;
+  pages.push_back(std::vector<std::int32_t>{1});
+  pages.push_back(std::vector<std::int32_t>{0});
+  REQUIRE(kvsift::flashinfer_tokens(hp, slots).indices == std::vector<std::int32_t>{28, 4, 18});
+
+  struct bad_case {
+    std::string what;
+    std::vector<std::int32_t> offsets, values;
+    std::string message;
+  };
+  const std::vector<bad_case> cases{
+      // entry 0's pages start at 1: the page counts match the lengths, the ids are shifted
+      {"offsets[0]", {1, 3, 4}, {0, 7, 1, 4}, "argument 'head_pages.pages.offsets[0]' = 1, expected 0"},
+      // offsets end past the page ids: entry 1 read past them before
+      {"offsets end", {0, 2, 3}, {7, 1}, "argument 'head_pages.pages.offsets[2]' = 3, expected "
+                                         "head_pages.pages.values.size() (2)"},
+      {"decreasing", {0, 3, 2}, {7, 1, 4}, "argument 'head_pages.pages.offsets[2]' = 2, expected "
+                                           ">= head_pages.pages.offsets[1] (3)"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    auto bad = hp;
+    bad.pages.offsets = c.offsets;
+    bad.pages.values = c.values;
+    REQUIRE_THAT(error_of([&] { (void)kvsift::flashinfer_tokens(bad, slots); }),
+                 ContainsSubstring("flashinfer.tokens") && ContainsSubstring(c.message));
+    REQUIRE_THAT(error_of([&] { (void)kvsift::flashinfer_pages(bad, pages, 4); }),
+                 ContainsSubstring("flashinfer.pages") && ContainsSubstring(c.message));
+  }
+}

@@ -33,8 +33,9 @@
 // plan keeps for it. Attention is order-free over keys, so the kept order (ascending) is kept.
 // Positions (for RoPE or masks) are the plan's own (attention_plan::positions).
 //
-// Validation: every request and the layer in range, one plan segment per (request, KV head),
-// each segment strictly ascending inside its head-sequence (slots < length, pages <
+// Validation: the page lists' CSR offsets (head_pages.pages: first 0, non-decreasing, last the
+// page ids' count), every request and the layer in range, one plan segment per (request, KV
+// head), each segment strictly ascending inside its head-sequence (slots < length, pages <
 // ceil(length / page_size)), the page size equal to the store's; kvsift::error names the
 // argument, the value and what was expected. Nothing is written to the output before the plan
 // is checked. Cost: O(kept + pages of the plan's head-sequences).
@@ -81,6 +82,23 @@ namespace detail {
 
 inline void check_head_pages(const head_pages& hp, std::string_view where) {
   require(hp.page_size > 0, where, "head_pages.page_size", hp.page_size, "> 0");
+  // the page lists' CSR offsets first: every read of a list stays inside pages.values
+  const auto& off = hp.pages.offsets;
+  require(!off.empty(), where, "head_pages.pages.offsets.size", 0, ">= 1 (entries + 1)");
+  require(off[0] == 0, where, "head_pages.pages.offsets[0]", off[0], "0 (CSR offsets)");
+  for (std::size_t s = 1; s < off.size(); ++s) {
+    require(off[s] >= off[s - 1], where,
+            [s] { return "head_pages.pages.offsets[" + std::to_string(s) + "]"; }, off[s], [&] {
+              return ">= head_pages.pages.offsets[" + std::to_string(s - 1) + "] (" +
+                     std::to_string(off[s - 1]) + "): non-decreasing CSR offsets";
+            });
+  }
+  require(static_cast<std::size_t>(off.back()) == hp.pages.values.size(), where,
+          [&] { return "head_pages.pages.offsets[" + std::to_string(off.size() - 1) + "]"; },
+          off.back(), [&] {
+            return "head_pages.pages.values.size() (" + std::to_string(hp.pages.values.size()) +
+                   ")";
+          });
   require(static_cast<int>(hp.lengths.size()) == hp.entries(), where, "head_pages.lengths.size",
           hp.lengths.size(),
           [&] { return "one length per entry (" + std::to_string(hp.entries()) + ")"; });

@@ -14,7 +14,8 @@
 // check = false.
 //
 // check (default true): before anything is written, one pass over the plan's offsets, one over
-// the page lists and one over the kept indices find the first offender (a reduction, so the
+// the page lists' offsets (head_pages.indptr), one over the page lists and one over the kept
+// indices find the first offender (a reduction, so the
 // call synchronises with the device); kvsift::error then names it as the host reference would
 // (argument, value, expectation) and the outputs are untouched. Pass false on a hot path whose
 // plans come from the library's own selectors. Host-side arguments are always checked.
@@ -111,6 +112,16 @@ struct fi_bad_offset_fn {
   }
 };
 
+// Page lists' CSR offsets: the first s in [0, entries] breaking indptr[0] = 0, non-decreasing
+// (indptr[entries] is the page ids' count, which the view does not carry).
+struct fi_bad_indptr_fn {
+  const std::int32_t* indptr;
+  KVSIFT_HOST_DEVICE std::int64_t operator()(std::int64_t s) const {
+    const bool bad = s == 0 ? indptr[0] != 0 : indptr[s] < indptr[s - 1];
+    return bad ? s : fi_none;
+  }
+};
+
 // Page lists: the first entry whose length is negative or does not fill its pages.
 struct fi_bad_entry_fn {
   head_pages_view hp;
@@ -186,6 +197,17 @@ void fi_check(const Policy& exec, std::string_view where, std::string_view arg,
     throw make_error(where, std::string(arg) + ".offsets[" + std::to_string(bad_off) + "]", v,
                      "CSR offsets: offsets[0] = 0, non-decreasing, offsets[" + std::to_string(S) +
                          "] = num (" + std::to_string(num) + ")");
+  }
+  const std::int64_t bad_ptr = fi_first(exec, fi_bad_indptr_fn{hp.indptr}, S + 1);
+  if (bad_ptr != fi_none) {
+    const std::int64_t v = fi_read(exec, fi_load_fn{hp.indptr}, bad_ptr);
+    if (bad_ptr == 0) {
+      throw make_error(where, "head_pages.indptr[0]", v, "0 (CSR offsets)");
+    }
+    const std::int64_t prev = fi_read(exec, fi_load_fn{hp.indptr}, bad_ptr - 1);
+    throw make_error(where, "head_pages.indptr[" + std::to_string(bad_ptr) + "]", v,
+                     ">= head_pages.indptr[" + std::to_string(bad_ptr - 1) + "] (" +
+                         std::to_string(prev) + "): non-decreasing CSR offsets");
   }
   const std::int64_t bad_entry = fi_first(exec, fi_bad_entry_fn{hp}, S);
   if (bad_entry != fi_none) {

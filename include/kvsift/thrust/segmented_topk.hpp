@@ -29,6 +29,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace kvsift::thrust {
 
@@ -100,22 +102,49 @@ inline detail::carver topk_layout(std::byte* ws, std::int64_t num_items, std::ui
   return c;
 }
 
-// The first segment whose kept count does not fit (k_s outside [0, n_s], or k_s < n_s with fewer
-// than sink + window[s] slots for the protected tokens); s = num_segments when all fit.
+// The first offender of segment_topk's preconditions, scanning the segments in order; in
+// segment s, in this order: offsets[0] != 0 or kept_offsets[0] != 0 (s = 0), offsets[s + 1] <
+// offsets[s], offsets[S] != num_items or kept_offsets[S] != num_kept (s = S - 1), and k_s that
+// does not fit (outside [0, n_s], or k_s < n_s with fewer than sink + window[s] slots for the
+// protected tokens). s = num_segments when all hold. Together they keep every read inside the
+// items and every write inside out[0, num_kept).
+enum class topk_fault : int {
+  none, offsets_first, kept_first, offsets_order, offsets_last, kept_last, misfit
+};
 struct topk_misfit {
-  int s, n, k, w;
+  int s;
+  topk_fault fault;
+  std::int64_t value;  // the offending entry (the count k_s for misfit)
+  std::int64_t other;  // what it was compared with (offsets[s], n_s for misfit)
+  int w;               // window[s] (misfit)
 };
 struct topk_misfit_fn {
   const std::int32_t* offsets;
   const std::int32_t* kept_offsets;
   int num_segments;
+  std::int64_t num_items;
+  std::int64_t num_kept;
   topk_protection protect;
   KVSIFT_HOST_DEVICE topk_misfit operator()(int s) const {
-    const int n = offsets[s + 1] - offsets[s];
-    const int k = kept_offsets[s + 1] - kept_offsets[s];
+    const bool last = s + 1 == num_segments;
+    if (s == 0 && offsets[0] != 0) return {s, topk_fault::offsets_first, offsets[0], 0, 0};
+    if (s == 0 && kept_offsets[0] != 0) return {s, topk_fault::kept_first, kept_offsets[0], 0, 0};
+    if (offsets[s + 1] < offsets[s]) {
+      return {s, topk_fault::offsets_order, offsets[s + 1], offsets[s], 0};
+    }
+    if (last && offsets[s + 1] != num_items) {
+      return {s, topk_fault::offsets_last, offsets[s + 1], num_items, 0};
+    }
+    if (last && kept_offsets[s + 1] != num_kept) {
+      return {s, topk_fault::kept_last, kept_offsets[s + 1], num_kept, 0};
+    }
+    // 64-bit: another segment's offsets may be anything (the first offender is reported)
+    const std::int64_t n = std::int64_t{offsets[s + 1]} - offsets[s];
+    const std::int64_t k = std::int64_t{kept_offsets[s + 1]} - kept_offsets[s];
     const int w = protect.window == nullptr ? 0 : protect.window[s];
-    const bool fits = k >= 0 && k <= n && (k == n || k >= protect.sink + w);
-    return fits ? topk_misfit{num_segments, 0, 0, 0} : topk_misfit{s, n, k, w};
+    const bool fits = k >= 0 && k <= n && (k == n || k >= std::int64_t{protect.sink} + w);
+    return fits ? topk_misfit{num_segments, topk_fault::none, 0, 0, 0}
+                : topk_misfit{s, topk_fault::misfit, k, n, w};
   }
 };
 struct first_misfit {
@@ -123,6 +152,36 @@ struct first_misfit {
     return a.s <= b.s ? a : b;
   }
 };
+
+// The kvsift::error for an offender found by topk_misfit_fn.
+[[noreturn]] inline void throw_topk_misfit(std::string_view where, const topk_misfit& bad,
+                                           int num_segments, int sink) {
+  const std::string S = std::to_string(num_segments);
+  const std::string s1 = std::to_string(bad.s + 1);
+  switch (bad.fault) {
+    case topk_fault::offsets_first:
+      throw make_error(where, "offsets[0]", bad.value, "0 (CSR offsets)");
+    case topk_fault::kept_first:
+      throw make_error(where, "kept_offsets[0]", bad.value, "0 (CSR offsets)");
+    case topk_fault::offsets_order:
+      throw make_error(where, "offsets[" + s1 + "]", bad.value,
+                       ">= offsets[" + std::to_string(bad.s) + "] (" + std::to_string(bad.other) +
+                           "): non-decreasing CSR offsets");
+    case topk_fault::offsets_last:
+      throw make_error(where, "offsets[" + S + "]", bad.value,
+                       "num_items (" + std::to_string(bad.other) + ")");
+    case topk_fault::kept_last:
+      throw make_error(where, "num_kept", bad.other,
+                       "kept_offsets[" + S + "] (" + std::to_string(bad.value) + ")");
+    default:
+      throw make_error(where, "kept_offsets[" + s1 + "] - kept_offsets[" + std::to_string(bad.s) +
+                                  "]",
+                       bad.value,
+                       "in [0, n = " + std::to_string(bad.other) +
+                           "], and when below n >= the protected tokens: sink " +
+                           std::to_string(sink) + " + window " + std::to_string(bad.w));
+  }
+}
 
 }  // namespace detail
 
@@ -151,8 +210,11 @@ void kept_offsets(const Policy& exec, const std::int32_t* offsets, const std::in
 //                 be <= n_s and >= sink + window[s] when k_s < n_s; num_kept = kept_offsets[S]
 //   out           [num_kept] kept local indices, ascending per segment
 //   workspace     >= segmented_topk_workspace_bytes(num_items) bytes
-//   check         verify the kept counts first (one reduction over the segments, which
-//                 synchronises with the device; a misfit throws before anything is written).
+//   check         verify the offsets, num_kept and the kept counts first (one reduction over
+//                 the segments, which synchronises with the device; offsets[0] = 0, non-decreasing,
+//                 offsets[S] = num_items, the same of kept_offsets with num_kept, and every k_s
+//                 fitting; a kvsift::error naming the first offender throws before anything is
+//                 written).
 //                 false skips it: no host synchronisation, for a captured decode step.
 template <class Policy>
 void segmented_topk(const Policy& exec, const float* scores, const std::int32_t* offsets,
@@ -171,22 +233,24 @@ void segmented_topk(const Policy& exec, const float* scores, const std::int32_t*
   const std::size_t need =
       detail::topk_layout(static_cast<std::byte*>(workspace), num_items, &keys, &items).bytes;
   detail::check_workspace(where, workspace, workspace_bytes, need);
+  if (check) {
+    // no segments: nothing to read and nothing to keep
+    require(num_segments > 0 || num_items == 0, where, "num_items", num_items,
+            "0 (no segments)");
+    require(num_segments > 0 || num_kept == 0, where, "num_kept", num_kept, "0 (no segments)");
+  }
   if (num_segments == 0) {
     return;
   }
   if (check) {
+    const detail::topk_misfit none{num_segments, detail::topk_fault::none, 0, 0, 0};
     const detail::topk_misfit bad = ::thrust::transform_reduce(
         exec, ::thrust::counting_iterator<int>(0), ::thrust::counting_iterator<int>(num_segments),
-        detail::topk_misfit_fn{offsets, kept_offsets, num_segments, protect},
-        detail::topk_misfit{num_segments, 0, 0, 0}, detail::first_misfit{});
-    require(bad.s == num_segments, where,
-            [&] { return "kept_offsets[" + std::to_string(bad.s + 1) + "] - kept_offsets[" +
-                         std::to_string(bad.s) + "]"; },
-            bad.k, [&] {
-              return "in [0, n = " + std::to_string(bad.n) +
-                     "], and when below n >= the protected tokens: sink " +
-                     std::to_string(protect.sink) + " + window " + std::to_string(bad.w);
-            });
+        detail::topk_misfit_fn{offsets, kept_offsets, num_segments, num_items, num_kept, protect},
+        none, detail::first_misfit{});
+    if (bad.s != num_segments) [[unlikely]] {
+      detail::throw_topk_misfit(where, bad, num_segments, protect.sink);
+    }
   }
   if (num_items == 0) {
     return;
