@@ -215,13 +215,21 @@ TEST_CASE("budget::inverse_stability: base, caps by inverse stability, the rho N
       const auto c = kvsift::budget::inverse_stability_caps(roles, stab, 4, n, rho);
       // F = 3, N = 8, N_c = 5
       CHECK(c.base == static_cast<int>(std::floor((rho * 8 - 3) * n / 5 + 1e-9)));
+      // METHODS.md: w_h = 1 / (s_h + 1e-6), sum(w) over the compressed heads,
+      // cap_h = min(n, floor(base * w_h * N_c / sum(w))) under the real-to-integer rule
+      double sum_w = 0.0;
+      for (std::size_t i = 0; i < roles.size(); ++i) {
+        if (!kvsift::budget::full_kv(roles[i])) sum_w += 1.0 / (static_cast<double>(stab[i]) + 1e-6);
+      }
       std::int64_t resident = 0;
       for (std::size_t i = 0; i < roles.size(); ++i) {
+        CAPTURE(i);
         if (kvsift::budget::full_kv(roles[i])) {
           CHECK(c.cap[i] == n);
         } else {
-          CHECK(c.cap[i] >= 0);
-          CHECK(c.cap[i] <= n);
+          const double x = c.base * (1.0 / (static_cast<double>(stab[i]) + 1e-6)) * 5 / sum_w;
+          const auto want = static_cast<int>(std::floor(x + 1e-9 * std::max(1.0, std::abs(x))));
+          CHECK(c.cap[i] == std::min(n, want));
         }
         resident += c.cap[i];
       }
