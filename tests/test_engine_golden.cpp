@@ -244,7 +244,7 @@ TEST_CASE("eval harness: scoring of passkey and chain answers", "[engine][eval]"
   const auto items = ex::load_eval_jsonl(std::string(KVSIFT_SOURCE_DIR) + "/data/eval/chain.jsonl");
   REQUIRE(items.size() == 12);
   CHECK(items[0].task == "chain");
-  CHECK(items[0].answer.size() == 10);
+  CHECK(items[0].answer.size() == 9);  // protocol v2: the separator space ends the prompt
   CHECK(static_cast<int>(items[0].prompt.size() + items[0].answer.size()) == items[0].context_len);
   REQUIRE_THROWS_AS(ex::load_eval_jsonl(temp_path("missing.jsonl")), kvsift::error);
 }

@@ -98,16 +98,19 @@ TEST_CASE("in-tree copies agree with the shared folder (skipped without it)", "[
       check_same_tree(shared_dir / "models" / m, source_dir / "data" / m, /*exact=*/false);
     }
   }
-  SECTION("recall-8kv prompts: data/eval/recall-8kv") {
-    check_same_tree(shared_dir / "eval" / "recall-8kv", source_dir / "data" / "eval" / "recall-8kv",
-                    /*exact=*/true);
+  // Evaluation protocol v2 (shared/eval/v2/README.md): the separator space that began every
+  // answer ends the prompt. data/ ships only the v2 prompts.
+  SECTION("recall-8kv prompts: data/eval/recall-8kv are shared/eval/v2/recall-8kv") {
+    check_same_tree(shared_dir / "eval" / "v2" / "recall-8kv",
+                    source_dir / "data" / "eval" / "recall-8kv", /*exact=*/true);
   }
-  SECTION("tiny-recall prompts: data/eval/{passkey,chain}.jsonl are the first 12 lines") {
+  SECTION("tiny-recall prompts: data/eval/{passkey,chain}.jsonl are the first 12 lines of v2") {
     for (const char* t : {"passkey.jsonl", "chain.jsonl"}) {
       CAPTURE(t);
       const auto copy = bytes_of(source_dir / "data" / "eval" / t);
       CHECK(std::count(copy.begin(), copy.end(), '\n') == 12);
-      CHECK(copy == first_lines(shared_dir / "eval" / t, 12));
+      CHECK(copy == first_lines(shared_dir / "eval" / "v2" / "tiny-recall" / t, 12));
+      CHECK(copy != first_lines(shared_dir / "eval" / t, 12));  // not the v1 prompts
     }
   }
 }
