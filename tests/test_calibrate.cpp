@@ -23,6 +23,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -486,27 +487,39 @@ TEST_CASE("a roles file that does not match the model is rejected, naming the fi
                       ContainsSubstring("'layers[0].stability size'"));
 }
 
-TEST_CASE("the committed recall-8kv roles files match the model", "[calibrate]") {
-  const std::string dir = std::string(KVSIFT_SOURCE_DIR) + "/data/recall-8kv";
-  std::ifstream in(dir + "/config.json");
-  REQUIRE(in);
-  const auto cfg = nlohmann::json::parse(in);
-  const cal::model_fingerprint model{cfg["num_hidden_layers"].get<int>(),
-                                     cfg["num_attention_heads"].get<int>(),
-                                     cfg["num_key_value_heads"].get<int>(),
-                                     cfg["head_dim"].get<int>(),
-                                     cal::config_hash_of(dir + "/config.json")};
-  const auto sk = cal::read_synckv_roles(dir + "/roles-synckv.json", model);
-  REQUIRE(sk.layers.size() == 4);
-  for (const auto& l : sk.layers) REQUIRE(l.representatives.size() == 2);
-  const auto hc = cal::read_heterocache_roles(dir + "/roles-heterocache.json", model);
-  REQUIRE(hc.layers.size() == 4);
-  // a model with other heads is refused
-  auto other = model;
-  other.kv_heads = 2;
-  other.q_heads = 8;
-  REQUIRE_THROWS_WITH(cal::read_synckv_roles(dir + "/roles-synckv.json", other),
-                      ContainsSubstring("'model.kv_heads'"));
+TEST_CASE("the committed roles files match their model and came from calibration prompts",
+          "[calibrate]") {
+  // recall-8kv: N_r = 2; tiny-recall (2 KV heads per layer): N_r = 1, the only count that
+  // leaves a follower (issue 27)
+  for (const auto& [name, clusters] : {std::pair<const char*, std::size_t>{"recall-8kv", 2},
+                                       {"tiny-recall", 1}}) {
+    CAPTURE(name);
+    const std::string dir = std::string(KVSIFT_SOURCE_DIR) + "/data/" + name;
+    std::ifstream in(dir + "/config.json");
+    REQUIRE(in);
+    const auto cfg = nlohmann::json::parse(in);
+    const cal::model_fingerprint model{cfg["num_hidden_layers"].get<int>(),
+                                       cfg["num_attention_heads"].get<int>(),
+                                       cfg["num_key_value_heads"].get<int>(),
+                                       cfg["head_dim"].get<int>(),
+                                       cal::config_hash_of(dir + "/config.json")};
+    const auto sk = cal::read_synckv_roles(dir + "/roles-synckv.json", model);
+    REQUIRE(sk.layers.size() == 4);
+    for (const auto& l : sk.layers) REQUIRE(l.representatives.size() == clusters);
+    const auto hc = cal::read_heterocache_roles(dir + "/roles-heterocache.json", model);
+    REQUIRE(hc.layers.size() == 4);
+    // calibrated on the model's calibration prompts, never on evaluation prompts
+    CHECK(sk.parameters.value("prompts_file", "") == "calibration.jsonl");
+    CHECK(hc.parameters.value("prompts_file", "") == "calibration.jsonl");
+    CHECK(sk.parameters.value("prompts", 0) == 24);
+    CHECK(hc.parameters.value("prompts", 0) == 24);
+    // a model with other heads is refused
+    auto other = model;
+    other.kv_heads = model.kv_heads == 2 ? 8 : 2;
+    other.q_heads = 8;
+    REQUIRE_THROWS_WITH(cal::read_synckv_roles(dir + "/roles-synckv.json", other),
+                        ContainsSubstring("'model.kv_heads'"));
+  }
 }
 
 TEST_CASE("example: one layer's roles from profiled top-k sets", "[calibrate]") {
