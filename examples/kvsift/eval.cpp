@@ -11,15 +11,22 @@
 // generate_greedy makes), then decoding runs per method. "prefill s" is that forward pass plus
 // the method's own prefill work (its compression round).
 //
+// Beside exact match: per-byte accuracy under teacher forcing (answer bytes after the first that
+// are right when each decode step is fed the answer's previous byte) and, for SyncKV and
+// HeteroCache, what their premise measures on the model (premise_stats below).
+//
 //   kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]
 //               [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE] [--json]
-//               [--plot FILE.svg] [--limit N] [--kernel library|engine] [--verbose]
-// Defaults: both shipped models, each on its own prompts (data/tiny-recall on
+//               [--json-out FILE] [--plot FILE.svg] [--limit N] [--kernel library|engine]
+//               [--verbose]
+// Defaults: both shipped models, each on its own (protocol v2) prompts (data/tiny-recall on
 // data/eval/{passkey,chain}.jsonl, data/recall-8kv on 12 prompts of each of
 // data/eval/recall-8kv/{passkey,chain}.jsonl), every method, budget 0.25 matched as the
 // device-resident share of the prompt's KV (--match resident).
 
+#include "calibration_profile.hpp"
 #include "commands.hpp"
+#include "roles_choice.hpp"
 
 #include "engine/eval_harness.hpp"
 #include "engine/kvsift_cache.hpp"
@@ -105,6 +112,8 @@ class recording_cache : public ex::kv_cache {
   explicit recording_cache(ex::kv_cache& inner) : inner_(inner) {}
   void start(const ex::cache_shape& s) override {
     att.assign(static_cast<std::size_t>(s.num_layers), {});
+    q.assign(static_cast<std::size_t>(s.num_layers), {});
+    k.assign(static_cast<std::size_t>(s.num_layers), {});
     inner_.start(s);
   }
   void prefill(int layer, int n, std::span<const float> k, std::span<const float> v,
@@ -114,7 +123,10 @@ class recording_cache : public ex::kv_cache {
   void decode(int layer, std::span<const float> q, std::span<const float> k,
               std::span<const float> v, int position, std::span<float> out) override {
     inner_.decode(layer, q, k, v, position, out);
-    att[static_cast<std::size_t>(layer)].assign(out.begin(), out.end());
+    const auto L = static_cast<std::size_t>(layer);
+    att[L].assign(out.begin(), out.end());
+    this->q[L].assign(q.begin(), q.end());
+    this->k[L].assign(k.begin(), k.end());
   }
   void after_attention(int layer, std::span<const float> q) override {
     inner_.after_attention(layer, q);
@@ -123,6 +135,7 @@ class recording_cache : public ex::kv_cache {
     return inner_.kept_tokens(layer, kv_head);
   }
   std::vector<std::vector<float>> att;  // [layers][q_heads * d] of the last decode step
+  std::vector<std::vector<float>> q, k;  // [layers][heads * d]: its query and key (after RoPE)
 
  private:
   ex::kv_cache& inner_;
@@ -135,6 +148,7 @@ struct reference_run {
   std::vector<int> tokens;                            // [n_new] greedy tokens (byte 0 = prefill's)
   std::vector<std::vector<std::vector<float>>> att;   // [steps][layers][q_heads * d]
   std::vector<std::vector<float>> logits;             // [steps][vocab]
+  std::vector<std::vector<std::vector<float>>> q, k;  // [steps][layers][heads * d] (premise)
 };
 
 // Fidelity of one prompt against its reference_run, on the decode steps whose input token and
@@ -197,6 +211,8 @@ struct config {
   std::vector<double> recalled;  // per prompt: bytes the method's transfer moved (host -> device)
   std::vector<double> stalls;    // per prompt: decode steps that waited for a transfer
   std::vector<fidelity> fid;     // per prompt: attention-output error and logit KL vs full
+  std::vector<int> bytes_right;  // per prompt: answer bytes 1.. right under teacher forcing
+  std::vector<int> bytes_scored; // per prompt: answer bytes 1.. (len(answer) - 1)
   std::vector<std::vector<double>> layer_resident;  // per prompt: [layers] resident KV share
   std::string error;  // set when the method could not run (e.g. budget below its window)
   // The registry the cache looks its name up in (the default one plus this model's head roles);
@@ -254,6 +270,8 @@ ex::eval_result run_one(const ex::llama_model& model, const ex::eval_item& item,
     const auto S = static_cast<std::size_t>(s);
     if (record && ref) {
       ref->att.push_back(cache.att);
+      ref->q.push_back(cache.q);
+      ref->k.push_back(cache.k);
       ref->logits.push_back(logits);
     } else if (ref && fid) {
       agree = agree && S < ref->tokens.size() && ref->tokens[S] == next;
@@ -293,6 +311,216 @@ ex::eval_result run_one(const ex::llama_model& model, const ex::eval_item& item,
   return r;
 }
 
+// Per-byte accuracy under teacher forcing: the prompt's captured prefill replayed into `cache`,
+// then decode step s feeds answer byte s (not the method's own greedy byte), and answer byte
+// s + 1 is right when it is the argmax of that step's logits. Returns how many of the answer's
+// bytes 1..len-1 are right; byte 0 comes from the prefill's logits (full attention for every
+// method) and is not scored.
+int teacher_forced_right(const ex::llama_model& model, const ex::eval_item& item,
+                         const prefill_capture& cap, ex::kv_cache& cache) {
+  const int n = cap.shape.prompt_len;
+  const auto answer = ex::byte_tokenize(item.answer);
+  cache.start(cap.shape);
+  for (int l = 0; l < cap.shape.num_layers; ++l) {
+    const auto L = static_cast<std::size_t>(l);
+    cache.prefill(l, n, cap.k[L], cap.v[L], cap.q[L]);
+  }
+  int right = 0;
+  int position = n;
+  for (std::size_t s = 0; s + 1 < answer.size(); ++s) {
+    const auto logits = model.decode(answer[s], position++, cache);
+    right += ex::llama_model::argmax(logits) == answer[s + 1] ? 1 : 0;
+  }
+  return right;
+}
+
+// What SyncKV's and HeteroCache's premise measures on the model (intra-layer similarity): in
+// each layer, the overlap |A n B| / k of a leader head's top-k set A with each of its followers'
+// B (SyncKV: an R-head and the other heads of its cluster; HeteroCache: a pivot and its
+// satellites; pairs from the head-roles file the method runs with), from the full cache's
+// attention of one query: the prompt's last query, and each decode step's query of the full
+// cache's greedy decoding. k and the top-k rule are the method's calibration's
+// (include/kvsift/calibrate/profile.hpp): SyncKV floor(n / 5), no pooling, GQA max; HeteroCache
+// min(1024, floor(n / 5)), avg-pool 5, GQA mean. "random" is what two independent uniformly
+// random k-sets of the s keys the query sees would overlap on average, k / s.
+struct premise_stats {
+  std::string method;
+  std::vector<std::vector<std::pair<int, int>>> pairs;  // [layers] (leader, follower)
+  std::vector<double> last, last_random, decode, decode_random;  // [layers] sums
+  std::vector<long> last_n, decode_n;                            // [layers] counts
+  int prompts = 0;
+
+  void init(int layers) {
+    last.assign(static_cast<std::size_t>(layers), 0.0);
+    last_random = decode = decode_random = last;
+    last_n.assign(static_cast<std::size_t>(layers), 0);
+    decode_n = last_n;
+  }
+  [[nodiscard]] std::size_t pair_count() const {
+    std::size_t c = 0;
+    for (const auto& p : pairs) c += p.size();
+    return c;
+  }
+};
+
+// Leader/follower pairs of a method's roles (empty layers where a layer has none).
+premise_stats premise_of(const calibrate::synckv_roles& r) {
+  premise_stats p;
+  p.method = "synckv";
+  for (const auto& l : r.layers) {
+    std::vector<std::pair<int, int>> pl;
+    for (std::size_t h = 0; h < l.assign.size(); ++h) {
+      const int rep = l.representatives[static_cast<std::size_t>(l.assign[h])];
+      if (rep != static_cast<int>(h)) pl.emplace_back(rep, static_cast<int>(h));
+    }
+    p.pairs.push_back(std::move(pl));
+  }
+  p.init(static_cast<int>(r.layers.size()));
+  return p;
+}
+premise_stats premise_of(const calibrate::heterocache_roles& r) {
+  premise_stats p;
+  p.method = "heterocache";
+  for (const auto& l : r.layers) {
+    std::vector<std::pair<int, int>> pl;
+    for (std::size_t h = 0; h < l.roles.size(); ++h) {
+      if (l.roles[h] == calibrate::head_role::satellite) pl.emplace_back(l.leader[h], static_cast<int>(h));
+    }
+    p.pairs.push_back(std::move(pl));
+  }
+  p.init(static_cast<int>(r.layers.size()));
+  return p;
+}
+
+// Adds one prompt: its captured prefill (keys, last query) and the full cache's decode steps.
+void add_premise(premise_stats& p, const prefill_capture& cap, const reference_run& ref) {
+  const auto& sh = cap.shape;
+  const int n = sh.prompt_len, H = sh.num_kv_heads, Hq = sh.num_q_heads, d = sh.head_dim;
+  const int T = static_cast<int>(ref.k.size());
+  const auto kvrow = static_cast<std::size_t>(H) * d;
+  const auto qrow = static_cast<std::size_t>(Hq) * d;
+  prompt_trace tr;
+  tr.shape = {sh.num_layers, Hq, H, d};
+  tr.n = n;
+  tr.window = 1;
+  tr.steps = T;
+  tr.keys.resize(static_cast<std::size_t>(sh.num_layers) * (n + T) * kvrow);
+  tr.queries.resize(static_cast<std::size_t>(sh.num_layers) * (1 + T) * qrow);
+  for (int l = 0; l < sh.num_layers; ++l) {
+    const auto L = static_cast<std::size_t>(l);
+    auto kd = tr.keys.begin() + static_cast<std::ptrdiff_t>(L * (n + T) * kvrow);
+    kd = std::copy_n(cap.k[L].begin(), static_cast<std::size_t>(n) * kvrow, kd);
+    auto qd = tr.queries.begin() + static_cast<std::ptrdiff_t>(L * (1 + T) * qrow);
+    qd = std::copy_n(cap.q[L].begin() + static_cast<std::ptrdiff_t>((n - 1) * qrow), qrow, qd);
+    for (int t = 0; t < T; ++t) {
+      const auto S = static_cast<std::size_t>(t);
+      kd = std::copy_n(ref.k[S][L].begin(), kvrow, kd);
+      qd = std::copy_n(ref.q[S][L].begin(), qrow, qd);
+    }
+  }
+  const bool sync = p.method == "synckv";
+  const int k = sync ? calibrate::synckv_topk(n, {}) : calibrate::heterocache_topk(n, {});
+  const calibrate::topk_params tp =
+      sync ? calibrate::topk_params{.k = k, .group = Hq / H, .kernel = 1,
+                                    .gqa = gqa_reduce::max}
+           : calibrate::topk_params{.k = k, .group = Hq / H, .kernel = 5,
+                                    .pool = pooling::avg, .gqa = gqa_reduce::mean};
+  for (int l = 0; l < sh.num_layers; ++l) {
+    const auto L = static_cast<std::size_t>(l);
+    if (p.pairs[L].empty()) continue;
+    const auto sets = step_sets(tr, l, tp);
+    for (std::size_t t = 0; t < sets.size(); ++t) {
+      const int seen = n + static_cast<int>(t);
+      for (const auto& [a, b] : p.pairs[L]) {
+        const double o = calibrate::overlap(sets[t][static_cast<std::size_t>(a)],
+                                            sets[t][static_cast<std::size_t>(b)]);
+        const double rnd = static_cast<double>(std::min(k, seen)) / seen;
+        if (t == 0) {
+          p.last[L] += o;
+          p.last_random[L] += rnd;
+          ++p.last_n[L];
+        } else {
+          p.decode[L] += o;
+          p.decode_random[L] += rnd;
+          ++p.decode_n[L];
+        }
+      }
+    }
+  }
+  ++p.prompts;
+}
+
+double ratio(double sum, long n) { return n > 0 ? sum / static_cast<double>(n) : 0.0; }
+
+double sum_all(const std::vector<double>& v) {
+  double s = 0.0;
+  for (double x : v) s += x;
+  return s;
+}
+long sum_all(const std::vector<long>& v) {
+  long s = 0;
+  for (long x : v) s += x;
+  return s;
+}
+
+void print_premise(const std::vector<premise_stats>& ps) {
+  if (ps.empty()) return;
+  std::printf(
+      "\npremise of the tiered methods on this model (full-KV attention, per layer and over all\n"
+      "layers): mean top-k overlap of each leader head with its followers (SyncKV: R-head and\n"
+      "cluster; HeteroCache: pivot and satellites; the roles file's pairs) at the prompt's last\n"
+      "query and at the decode steps, against two random k-sets of the keys seen (k / n)\n");
+  std::printf("%-12s %5s %6s | %10s %8s | %10s %8s\n", "method", "layer", "pairs", "last query",
+              "random", "decode", "random");
+  for (const auto& p : ps) {
+    if (p.pair_count() == 0) {
+      std::printf("%-12s   all      0 | no followers in the roles file (every head is a leader)\n",
+                  p.method.c_str());
+      continue;
+    }
+    for (std::size_t l = 0; l <= p.pairs.size(); ++l) {
+      const bool all = l == p.pairs.size();
+      if (!all && p.pairs[l].empty()) continue;
+      const double last = all ? ratio(sum_all(p.last), sum_all(p.last_n)) : ratio(p.last[l], p.last_n[l]);
+      const double lr = all ? ratio(sum_all(p.last_random), sum_all(p.last_n))
+                            : ratio(p.last_random[l], p.last_n[l]);
+      const double dec = all ? ratio(sum_all(p.decode), sum_all(p.decode_n)) : ratio(p.decode[l], p.decode_n[l]);
+      const double dr = all ? ratio(sum_all(p.decode_random), sum_all(p.decode_n))
+                            : ratio(p.decode_random[l], p.decode_n[l]);
+      std::printf("%-12s %5s %6zu | %10.3f %8.3f | %10.3f %8.3f\n", p.method.c_str(),
+                  all ? "all" : std::to_string(l).c_str(), all ? p.pair_count() : p.pairs[l].size(),
+                  last, lr, dec, dr);
+    }
+  }
+  std::printf("(k: SyncKV floor(n/5), GQA max; HeteroCache min(1024, floor(n/5)), avg-pool 5, GQA\n"
+              "mean; over %d prompts, decode steps of the full cache's greedy answer)\n",
+              ps.front().prompts);
+}
+
+nlohmann::json premise_json(const std::vector<premise_stats>& ps) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& p : ps) {
+    nlohmann::json m;
+    m["prompts"] = p.prompts;
+    m["pairs"] = p.pair_count();
+    m["k"] = p.method == "synckv" ? "floor(n/5), GQA max" : "min(1024, floor(n/5)), avg-pool 5, GQA mean";
+    m["overlap_last_query"] = ratio(sum_all(p.last), sum_all(p.last_n));
+    m["random_last_query"] = ratio(sum_all(p.last_random), sum_all(p.last_n));
+    m["overlap_decode"] = ratio(sum_all(p.decode), sum_all(p.decode_n));
+    m["random_decode"] = ratio(sum_all(p.decode_random), sum_all(p.decode_n));
+    m["by_layer"] = nlohmann::json::array();
+    for (std::size_t l = 0; l < p.pairs.size(); ++l) {
+      m["by_layer"].push_back({{"pairs", p.pairs[l].size()},
+                               {"overlap_last_query", ratio(p.last[l], p.last_n[l])},
+                               {"random_last_query", ratio(p.last_random[l], p.last_n[l])},
+                               {"overlap_decode", ratio(p.decode[l], p.decode_n[l])},
+                               {"random_decode", ratio(p.decode_random[l], p.decode_n[l])}});
+    }
+    j[p.method] = m;
+  }
+  return j;
+}
+
 // Progress on stderr: a redrawn bar on a terminal, a line every few runs otherwise (CI logs).
 class progress {
  public:
@@ -330,6 +558,8 @@ class progress {
 struct task_numbers {
   int n = 0;
   double exact = 0.0, hops = 0.0;
+  double bytes = 0.0;  // answer bytes after the first right under teacher forcing / scored
+  int bytes_scored = 0;
 };
 
 // Accuracy of one configuration for a task, at one context length (0 = all).
@@ -340,7 +570,13 @@ task_numbers numbers(const config& c, const std::string& task, int context) {
     ++t.n;
     t.exact += r.exact ? 1.0 : 0.0;
     t.hops += r.hops_total ? static_cast<double>(r.hops_right) / r.hops_total : 0.0;
+    const auto i = static_cast<std::size_t>(&r - c.results.data());
+    if (i < c.bytes_scored.size()) {
+      t.bytes += c.bytes_right[i];
+      t.bytes_scored += c.bytes_scored[i];
+    }
   }
+  if (t.bytes_scored > 0) t.bytes /= t.bytes_scored;
   if (t.n) {
     t.exact /= t.n;
     t.hops /= t.n;
@@ -420,9 +656,9 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
   std::printf("prompts: %s; greedy decoding, exact match; budget = %s\n\n", counts.c_str(),
               match_resident ? "target device-resident share of the prompt's KV (--match resident)"
                              : "fraction of the prompt kept per KV head (--match budget)");
-  std::printf("%-14s %6s %8s %6s %8s %6s %6s %8s %8s %8s %9s\n", "method", "budget",
-              "KV res.", "read", "passkey", "chain", "hops", "att.err", "KL", "tok/s",
-              "prefill s");
+  std::printf("%-14s %6s %8s %6s %8s %6s %6s %7s %7s %8s %8s %8s %9s\n", "method", "budget",
+              "KV res.", "read", "passkey", "chain", "hops", "pk.byte", "ch.byte", "att.err", "KL",
+              "tok/s", "prefill s");
   for (const auto& c : configs) {
     if (!c.error.empty()) {
       // "infeasible: ..." (a resident target the method's roles cannot meet) stays as it is
@@ -440,10 +676,11 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
     const bool by_design = c.method == "full_kv" || c.method == "quest";
     std::snprintf(res, sizeof res, "%.1f%%%s", 100.0 * rm,
                   match_resident && !by_design && std::abs(rm - c.budget) > 0.02 ? "*" : "");
-    std::printf("%-14s %6s %8s %6s %8s %6s %6s %8.4f %8.4f %8.1f %9.3f\n", c.method.c_str(),
-                budget_label(c.budget).c_str(), res,
+    std::printf("%-14s %6s %8s %6s %8s %6s %6s %7s %7s %8.4f %8.4f %8.1f %9.3f\n",
+                c.method.c_str(), budget_label(c.budget).c_str(), res,
                 pct(mean(c.read), true).c_str(), pct(pk.exact, pk.n > 0).c_str(),
                 pct(ch.exact, ch.n > 0).c_str(), pct(ch.hops, ch.n > 0).c_str(),
+                pct(pk.bytes, pk.bytes_scored > 0).c_str(), pct(ch.bytes, ch.bytes_scored > 0).c_str(),
                 mean_fid(c, [](const fidelity& f) { return f.att_err; }),
                 mean_fid(c, [](const fidelity& f) { return f.kl_first; }),
                 tokens_per_second(c), mean_prefill(c));
@@ -480,7 +717,7 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
   std::printf("\nby context length (bytes of prompt + answer):\n");
   std::string head = "method         budget |";
   std::string sub = "                      |";
-  const char* groups[] = {"passkey", "chain", "hops"};
+  const char* groups[] = {"passkey", "chain", "hops", "pk.byte", "ch.byte"};
   for (const char* g : groups) {
     std::string h = std::string(" ") + g;
     const std::size_t w = contexts.size() * 6;
@@ -497,10 +734,11 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
   for (const auto& c : configs) {
     if (!c.error.empty()) continue;
     std::printf("%-14s %6s |", c.method.c_str(), budget_label(c.budget).c_str());
-    for (int g = 0; g < 3; ++g) {
+    for (int g = 0; g < 5; ++g) {
       for (int ctx : contexts) {
-        const auto t = numbers(c, g == 0 ? "passkey" : "chain", ctx);
-        std::printf("%6s", pct(g == 2 ? t.hops : t.exact, t.n > 0).c_str());
+        const auto t = numbers(c, g == 0 || g == 3 ? "passkey" : "chain", ctx);
+        const double x = g == 2 ? t.hops : g >= 3 ? t.bytes : t.exact;
+        std::printf("%6s", pct(x, g >= 3 ? t.bytes_scored > 0 : t.n > 0).c_str());
       }
       std::printf(" |");
     }
@@ -510,7 +748,9 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
       "\nKV res.: device-resident KV bytes right after the prompt / the prompt's full KV (mean\n"
       "over prompts; full_kv and quest keep it all by design; * = more than 2 points from the\n"
       "target); read: KV tokens a decode step's attention reads / a full cache's; hops: chain\n"
-      "hops right before the first wrong one; att.err: relative L2 error of each layer's\n"
+      "hops right before the first wrong one; pk.byte / ch.byte (bytes): answer bytes after the\n"
+      "first that are right under teacher forcing (each step fed the answer's previous byte);\n"
+      "att.err: relative L2 error of each layer's\n"
       "attention output against the full cache's (engine full_cache, same prompt), mean over\n"
       "layers and over the decode steps whose tokens so far equal the full cache's (always the\n"
       "first); KL: KL(full || method) in nats of the logits of answer byte 1, the first byte\n"
@@ -568,10 +808,12 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
       t["n"] = all.n;
       t["exact"] = all.exact;
       if (std::string(task) == "chain") t["hops"] = all.hops;
+      t["byte_accuracy_tf"] = all.bytes;  // answer bytes 1.. right under teacher forcing
+      t["bytes_scored"] = all.bytes_scored;
       for (int ctx : contexts) {
         const auto x = numbers(c, task, ctx);
         if (x.n == 0) continue;
-        nlohmann::json b{{"n", x.n}, {"exact", x.exact}};
+        nlohmann::json b{{"n", x.n}, {"exact", x.exact}, {"byte_accuracy_tf", x.bytes}};
         if (std::string(task) == "chain") b["hops"] = x.hops;
         t["by_context"][std::to_string(ctx)] = b;
       }
@@ -590,6 +832,8 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
                         {"bytes_recalled", c.recalled[i]}, {"stalls", c.stalls[i]},
                         {"prefill_s", x.prefill_seconds}, {"decode_s", x.decode_seconds}};
       if (x.task == "chain") it["hops_right"] = x.hops_right;
+      it["bytes_right_tf"] = c.bytes_right[i];
+      it["bytes_scored_tf"] = c.bytes_scored[i];
       it["layer_resident_kv"] = c.layer_resident[i];
       const auto& f = c.fid[i];
       it["attention_error"] = f.att_err;
@@ -763,20 +1007,6 @@ struct run_options {
   bool verbose = false;  // per-layer table
 };
 
-// The head-roles file of `method` ("synckv" / "heterocache") for a model: --roles FILE when that
-// file is for this method, else the model's shipped <dir>/roles-<method>.json when it exists;
-// "" when neither (the method then reports that it has no roles).
-std::string roles_path(const std::string& model_dir, const std::string& roles_file,
-                       const std::string& method) {
-  if (!roles_file.empty()) {
-    std::ifstream in(roles_file);
-    const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.value("method", "") == method) return roles_file;
-  }
-  const auto shipped = std::filesystem::path(model_dir) / ("roles-" + method + ".json");
-  return std::filesystem::exists(shipped) ? shipped.string() : std::string();
-}
-
 // The default registry with SyncKV's and HeteroCache's entries given this model's head roles
 // (read and checked against the model here: the library's factories take them JSON-free).
 template <class ModelConfig>
@@ -825,9 +1055,36 @@ std::shared_ptr<const method_registry<float>> registry_with_roles(const std::str
   return r;
 }
 
+// The premise figures to gather (print_premise): one per tiered method asked for that has roles
+// for this model (the same files registry_with_roles reads).
+template <class ModelConfig>
+std::vector<premise_stats> premise_setup(const std::string& model_dir, const run_options& o,
+                                         const ModelConfig& cfg) {
+  const calibrate::model_fingerprint fp{.layers = cfg.num_layers, .q_heads = cfg.num_q_heads,
+                                        .kv_heads = cfg.num_kv_heads, .head_dim = cfg.head_dim,
+                                        .config_hash = ""};
+  std::vector<premise_stats> out;
+  const auto wants = [&](const char* m) {
+    return std::find(o.methods.begin(), o.methods.end(), m) != o.methods.end();
+  };
+  if (wants("synckv")) {
+    if (const auto p = roles_path(model_dir, o.roles_file, "synckv"); !p.empty()) {
+      out.push_back(premise_of(calibrate::read_synckv_roles(p, fp)));
+    }
+  }
+  if (wants("heterocache")) {
+    if (const auto p = roles_path(model_dir, o.roles_file, "heterocache"); !p.empty()) {
+      out.push_back(premise_of(calibrate::read_heterocache_roles(p, fp)));
+    }
+  }
+  return out;
+}
+
 // Runs one job; prints its tables (or returns its JSON) and fills `configs` (for the plot).
+// With `json`, only the JSON is made (no tables); with `keep_json` the tables are printed and
+// the JSON returned as well (--json-out).
 nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool print_header,
-                       std::vector<config>& configs) {
+                       std::vector<config>& configs, bool keep_json = false) {
   const auto model = ex::llama_model::load(jb.model_dir);
   std::vector<ex::eval_item> items;
   std::map<std::string, int> task_counts;
@@ -849,6 +1106,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
 
   configs.clear();
   const auto registry = registry_with_roles(jb.model_dir, o, model.config());
+  std::vector<premise_stats> premise = premise_setup(jb.model_dir, o, model.config());
   for (const auto& m : o.methods) {
     for (double b : o.budgets) {
       config c;
@@ -886,6 +1144,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
       ex::full_cache full;
       (void)run_one(model, item, cap, logits, 0.0, full, &ref, /*record=*/true, nullptr, nullptr);
     }
+    for (auto& p : premise) add_premise(p, cap, ref);
     // The configuration right after the forward pass decodes on colder caches: rotate which one
     // goes first, so timings stay comparable.
     for (std::size_t k = 0; k < configs.size(); ++k) {
@@ -913,6 +1172,12 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
           c.notes.push_back(c.cache->parameter_note());
           c.recalled.push_back(static_cast<double>(c.cache->stats().bytes_transferred));
           c.stalls.push_back(static_cast<double>(c.cache->stats().stalls));
+          // per-byte accuracy under teacher forcing: an exact greedy answer is the teacher-
+          // forced path itself (every byte right); otherwise a second decode feeds the answer
+          const int scored = std::max(0, n_new - 1);
+          const int right = r.exact ? scored : teacher_forced_right(model, item, cap, *c.cache);
+          c.bytes_scored.push_back(scored);
+          c.bytes_right.push_back(right);
         } catch (const kvsift::error& e) {
           c.error = e.what();
           if (c.results.size() > c.resident.size()) c.results.pop_back();
@@ -926,14 +1191,20 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
     }
   }
   const std::string match = o.match_resident ? "resident" : "budget";
-  if (json) return to_json(jb.model_dir, o.kernel_name, match, jb.files, configs, contexts);
+  nlohmann::json j;
+  if (json || keep_json) {
+    j = to_json(jb.model_dir, o.kernel_name, match, jb.files, configs, contexts);
+    if (!premise.empty()) j["premise"] = premise_json(premise);
+    if (json) return j;
+  }
   if (print_header) {
     std::printf("== model %s (%d layers, %d query heads, %d KV heads)\n",
                 std::filesystem::path(jb.model_dir).filename().string().c_str(), cfg.num_layers,
                 cfg.num_q_heads, cfg.num_kv_heads);
   }
   print_tables(configs, contexts, task_counts, o.match_resident, o.verbose);
-  return {};
+  print_premise(premise);
+  return j;
 }
 
 // The shipped prompts of a shipped model: recall-8kv has its own (with the BOS byte).
@@ -950,9 +1221,10 @@ int eval(const std::vector<std::string>& args) {
     std::puts(
         "usage: kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]\n"
         "                   [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE]\n"
-        "                   [--json] [--plot FILE.svg] [--limit N] [--kernel library|engine]\n"
-        "                   [--verbose]\n"
-        "  defaults: both shipped models, each on its shipped prompts: data/tiny-recall on\n"
+        "                   [--json] [--json-out FILE] [--plot FILE.svg] [--limit N]\n"
+        "                   [--kernel library|engine] [--verbose]\n"
+        "  defaults: both shipped models, each on its shipped prompts (protocol v2: the answer's\n"
+        "  separator space ends the prompt): data/tiny-recall on\n"
         "  data/eval/{passkey,chain}.jsonl (12 + 12) and data/recall-8kv on the first 12 of\n"
         "  data/eval/recall-8kv/{passkey,chain}.jsonl (--limit 12); with --model, that model on\n"
         "  its shipped prompts (all of them); relative paths also resolve against the source tree.\n"
@@ -970,17 +1242,23 @@ int eval(const std::vector<std::string>& args) {
         "  att.err is the relative L2 error of each layer's attention output against it (mean over\n"
         "  layers and over the decode steps whose tokens so far equal the full cache's), KL the\n"
         "  KL(full || method) of the logits of answer byte 1 (the first that reads the cache).\n"
+        "  pk.byte / ch.byte: answer bytes after the first that are right under teacher forcing\n"
+        "  (JSON: byte_accuracy_tf under each task and context length). With SyncKV or\n"
+        "  HeteroCache, the premise table: top-k overlap of each leader head with its followers\n"
+        "  (from the roles file) at the prompt's last query and at decode steps, full-KV\n"
+        "  attention, against two random sets of that size (JSON: premise).\n"
+        "  --json-out FILE: the tables on stdout and the JSON written to FILE.\n"
         "  --verbose: a per-layer table of resident KV share and attention error.\n"
         "  --plot: accuracy against the measured resident KV share, one line per method.");
     return 0;
   }
   static const std::set<std::string> known = {"--model", "--prompts", "--methods", "--budgets",
                                               "--json",  "--plot",    "--limit",   "--kernel",
-                                              "--match", "--roles",   "--verbose"};
+                                              "--match", "--roles",   "--verbose", "--json-out"};
   for (std::size_t i = 0; i < args.size(); ++i) {
     require(known.count(args[i]) > 0, "kvsift eval", "argument", args[i],
-            "one of --model --prompts --methods --budgets --match --roles --json --plot --limit "
-            "--kernel --verbose");
+            "one of --model --prompts --methods --budgets --match --roles --json --json-out --plot "
+            "--limit --kernel --verbose");
     if (args[i] != "--json" && args[i] != "--verbose") {
       require(i + 1 < args.size(), "kvsift eval", args[i], "missing", "a value");
       ++i;
@@ -1002,6 +1280,7 @@ int eval(const std::vector<std::string>& args) {
     o.roles_file = resolve(o.roles_file);
     require(std::filesystem::exists(o.roles_file), "kvsift eval", "--roles", o.roles_file,
             "an existing head-roles file");
+    (void)roles_file_method(o.roles_file);  // parses, names synckv or heterocache, or throws
   }
   o.kernel_name = option(args, "--kernel", "library");
   require(o.kernel_name == "library" || o.kernel_name == "engine", "kvsift eval", "--kernel",
@@ -1011,6 +1290,7 @@ int eval(const std::vector<std::string>& args) {
   const bool json = flag(args, "--json");
   o.verbose = flag(args, "--verbose");
   const std::string plot = option(args, "--plot", "");
+  const std::string json_out = option(args, "--json-out", "");
   const bool has_limit = !option(args, "--limit", "").empty();
   const int limit = parse_limit(option(args, "--limit", "0"));
 
@@ -1039,7 +1319,7 @@ int eval(const std::vector<std::string>& args) {
   std::vector<config> configs;
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     if (!json && j > 0) std::printf("\n");
-    all.push_back(run_job(jobs[j], o, json, jobs.size() > 1, configs));
+    all.push_back(run_job(jobs[j], o, json, jobs.size() > 1, configs, !json_out.empty()));
     if (!plot.empty()) {
       // one chart per model: FILE.svg for the first, FILE.<model>.svg for the others
       std::string path = plot;
@@ -1056,9 +1336,13 @@ int eval(const std::vector<std::string>& args) {
       std::fprintf(stderr, "kvsift eval: wrote %s\n", path.c_str());
     }
   }
-  if (json) {
-    const nlohmann::json out = all.size() == 1 ? all[0] : nlohmann::json{{"jobs", all}};
-    std::printf("%s\n", out.dump(2).c_str());
+  const nlohmann::json out = all.size() == 1 ? all[0] : nlohmann::json{{"jobs", all}};
+  if (json) std::printf("%s\n", out.dump(2).c_str());
+  if (!json_out.empty()) {
+    std::ofstream f(json_out, std::ios::trunc);
+    require(static_cast<bool>(f), "kvsift eval", "--json-out", json_out, "a writable file");
+    f << out.dump(1) << "\n";
+    std::fprintf(stderr, "kvsift eval: wrote %s\n", json_out.c_str());
   }
   return 0;
 }
