@@ -288,7 +288,9 @@ class tiered {
   // Resident positions keep their rows; the others are copied from the host pool now.
   void promote(std::int64_t seq, std::span<const std::int32_t> positions) {
     constexpr std::string_view where = "store::tiered.promote";
-    const auto [request, layer] = check_target(where, seq, positions);
+    // not a structured binding: a lambda below uses them (clang 14 cannot capture a binding)
+    const auto request_layer_of_seq = check_target(where, seq, positions);
+    const int request = request_layer_of_seq.first, layer = request_layer_of_seq.second;
     const std::int64_t before = counters_.bytes_to_device;
     const std::size_t d = static_cast<std::size_t>(shape_.head_dim);
     rebuild(seq, positions, [&](std::size_t a, std::size_t b, T* keys, T* values) {
@@ -529,7 +531,8 @@ class tiered {
                                    std::span<const std::int32_t> positions) const {
     require(seq >= 0 && seq < static_cast<std::int64_t>(work_.size()), where, "seq", seq,
             "in [0, " + std::to_string(work_.size()) + ")");
-    const auto [request, layer] = request_layer(seq);
+    const auto rl_of_seq = request_layer(seq);  // no structured binding: lambdas below use both
+    const int request = rl_of_seq.first, layer = rl_of_seq.second;
     const auto name = [&](std::size_t i) { return [i] { return "positions[" + std::to_string(i) + "]"; }; };
     int hint = 0;  // positions ascend: each lookup starts where the last one ended
     for (std::size_t i = 0; i < positions.size(); ++i) {
