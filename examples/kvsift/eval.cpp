@@ -474,8 +474,10 @@ void print_premise(const std::vector<premise_stats>& ps) {
               "random", "decode", "random");
   for (const auto& p : ps) {
     if (p.pair_count() == 0) {
-      std::printf("%-12s   all      0 | no followers in the roles file (every head is a leader)\n",
-                  p.method.c_str());
+      std::printf("%-12s   all      0 | no leader/follower pair in the roles file (%s)\n",
+                  p.method.c_str(),
+                  p.method == "synckv" ? "every head is its cluster's R-head"
+                                       : "no satellite: every head keeps its own set");
       continue;
     }
     for (std::size_t l = 0; l <= p.pairs.size(); ++l) {
