@@ -19,6 +19,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,6 +59,15 @@ inline void report(benchmark::State& st, double bytes_per_iter, double tokens_pe
   st.counters["tokens_per_second"] = benchmark::Counter(tokens_per_iter * it, benchmark::Counter::kIsRate);
   st.counters["bw_fraction"] =
       benchmark::Counter(bytes_per_iter * it / bandwidth_reference(), benchmark::Counter::kIsRate);
+}
+
+// The q-quantile of `xs` (nearest rank; reorders xs), 0 when empty.
+inline double quantile(std::vector<double>& xs, double q) {
+  if (xs.empty()) return 0.0;
+  const auto k = static_cast<std::size_t>(std::min<double>(static_cast<double>(xs.size()) - 1.0,
+                                                           std::ceil(q * static_cast<double>(xs.size())) - 1.0));
+  std::nth_element(xs.begin(), xs.begin() + static_cast<std::ptrdiff_t>(k), xs.end());
+  return xs[k];
 }
 
 // ---- random data -------------------------------------------------------------------------------

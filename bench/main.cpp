@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -104,7 +105,25 @@ BENCHMARK(BM_bandwidth_reference)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace kvbench
 
+// --kvsift_threading=caller runs every loop of the library on the benchmark's thread (the
+// engine's choice, cpu::scoped_threading); pool (the default) lets OpenMP take big loops.
 int main(int argc, char** argv) {
+  auto threading = kvsift::cpu::threading::pool;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--kvsift_threading=caller") {
+      threading = kvsift::cpu::threading::caller;
+    } else if (a == "--kvsift_threading=pool") {
+      threading = kvsift::cpu::threading::pool;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  kvsift::cpu::scoped_threading chosen(threading);
+  benchmark::AddCustomContext("kvsift_threading",
+                              threading == kvsift::cpu::threading::caller ? "caller" : "pool");
   kvbench::register_components();
   kvbench::register_methods();
   kvbench::register_transfer();

@@ -12,6 +12,7 @@
 #include "method_specs.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 namespace kvbench {
@@ -142,6 +143,10 @@ void bm_decode(benchmark::State& st, const model& m, int n, int b, int r) {
   }
   const std::span<const kvsift::decode_token<T>> tokens(fx.tokens);
   double bytes = 0.0;
+  // each step's wall time (decode + attend + after_attention), for its median and p99: a busy
+  // host shows in the tail first (scripts/bench.sh --loaded)
+  std::vector<double> step_seconds;
+  step_seconds.reserve(4096);
   for (auto _ : st) {
     if (!fx.room_for_step()) {
       st.PauseTiming();
@@ -153,15 +158,19 @@ void bm_decode(benchmark::State& st, const model& m, int n, int b, int r) {
       fx.warm = true;
       st.ResumeTiming();
     }
+    const auto t0 = std::chrono::steady_clock::now();
     const auto& plan = fx.meth->decode(fx.layer, tokens);
     benchmark::DoNotOptimize(plan.slots.values.data());
     fx.meth->attend(fx.layer, tokens, fx.out.data());
     benchmark::DoNotOptimize(fx.out.data());
     fx.meth->after_attention(fx.layer, tokens);
+    step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     bytes += fx.resident_kv_bytes();  // read after the step: the kept set plus the new token
   }
   const double iters = std::max<double>(1.0, static_cast<double>(st.iterations()));
   st.counters["resident_bytes"] = bytes / iters;
+  st.counters["step_p50_ms"] = 1e3 * quantile(step_seconds, 0.50);
+  st.counters["step_p99_ms"] = 1e3 * quantile(step_seconds, 0.99);
   report(st, bytes / iters, static_cast<double>(r));
 }
 

@@ -99,12 +99,15 @@ def main(argv):
         print("## Decode step (one layer: decode + attend + after_attention)")
         print()
         print("| method | model | dtype | n | budget | requests | time per decode step | "
-              "resident KV | bw_fraction | x read-once | within 1.5x |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "step p50 | step p99 | resident KV | bw_fraction | x read-once | within 1.5x |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in decode:
             x = (1.0 / r["bw"]) if r["bw"] else float("inf")
+            p50, p99 = r["raw"].get("step_p50_ms"), r["raw"].get("step_p99_ms")
             print(f"| {r['component']} | {r['model']} | {r['dtype']} | {fmt_n(r['n'])} | "
                   f"{budget_cell(r)} | {r['r']} | {fmt_time(r['seconds'])} | "
+                  f"{fmt_time(p50 / 1e3) if p50 is not None else '-'} | "
+                  f"{fmt_time(p99 / 1e3) if p99 is not None else '-'} | "
                   f"{fmt_bytes(r['resident'] or 0)} | {bw_cell(r['bw'])} | {x:.1f} | "
                   f"{'yes' if x <= DECODE_GOAL else 'no'} |")
         print()

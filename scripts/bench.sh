@@ -11,12 +11,18 @@
 #   --out DIR    output directory (default build/bench-results)
 #   --build DIR  build directory (default: build/release if it is configured, else build/bench
 #                configured with tests and examples off)
+#   --loaded     the quick suite's decode rows on a busy host: one busy process per core runs for
+#                the whole run (started and stopped here), and the library runs its loops on the
+#                benchmark's thread (--kvsift_threading=caller, cpu::scoped_threading); compare
+#                each row's step_p99_ms with the quiet run's step_p50_ms
 # Without --quick the full sweep runs (4K..128K, both models, budgets 1024/4096, 1 and 4
 # requests): hours on 2 cores.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 quick=0
+loaded=0
+out_given=0
 out="${root}/build/bench-results"
 build=""
 min_time=""
@@ -24,11 +30,12 @@ extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
-    --out) out="$2"; shift ;;
+    --loaded) loaded=1; quick=1 ;;
+    --out) out="$2"; out_given=1; shift ;;
     --build) build="$2"; shift ;;
     --min-time) min_time="$2"; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '3,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '3,19p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -69,6 +76,18 @@ if [[ ${quick} -eq 1 ]]; then
     '^BM_(score/(key_norm|page_minmax|lag)|attention/attend_plan|decode/(full_kv|streaming_llm|snapkv|quest|lagkv|dynamickv))/llama31_8b/bf16/n4096/(B1024/)?r4/'
     '^BM_(score/key_norm|decode/(full_kv|quest))/llama32_1b/bf16/n32768/(B1024/)?r1/'
   )
+  if [[ ${loaded} -eq 1 ]]; then  # the bandwidth reference and the decode rows only
+    parts=(
+      '^BM_bandwidth_reference'
+      "^BM_decode/(full_kv|lagkv|streaming_llm|snapkv|pyramidkv|quest|dynamickv)/${m}/n(4096|32768)/(B1024/)?r1/"
+      '^BM_decode/h2o/llama31_8b/(f32|bf16)/n1024/B256/r1/'
+      '^BM_decode/h2o/llama31_8b/bf16/n2048/B256/r1/'
+      '^BM_decode/(full_kv|streaming_llm|snapkv|quest|lagkv|dynamickv)/llama31_8b/bf16/n4096/(B1024/)?r4/'
+      '^BM_decode/(full_kv|quest)/llama32_1b/bf16/n32768/(B1024/)?r1/'
+    )
+    args+=("--kvsift_threading=caller")
+    [[ ${out_given} -eq 1 ]] || out="${root}/build/bench-results-loaded"
+  fi
   filter="$(IFS='|'; echo "${parts[*]}")"
   args+=("--benchmark_filter=${filter}")
   min_time="${min_time:-0.05}"
@@ -76,6 +95,16 @@ fi
 [[ -n "${min_time}" ]] && args+=("--benchmark_min_time=${min_time}")  # plain seconds (1.7.1)
 
 mkdir -p "${out}"
+busy=()
+if [[ ${loaded} -eq 1 ]]; then
+  # one busy process per core for the run's duration; stopped on any exit
+  for _ in $(seq "$(nproc)"); do
+    ( while :; do :; done ) &
+    busy+=($!)
+  done
+  trap 'kill "${busy[@]}" 2>/dev/null || true' EXIT
+  echo "bench.sh: ${#busy[@]} busy processes started (pids ${busy[*]})"
+fi
 start=$(date +%s)
 "${bin}" "${args[@]}" --benchmark_out="${out}/bench.json" --benchmark_out_format=json \
   --benchmark_counters_tabular=false "${extra[@]}"

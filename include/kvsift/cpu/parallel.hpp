@@ -8,8 +8,70 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <mutex>
+#include <type_traits>
 
 namespace kvsift::cpu {
+
+// ---- who runs the library's parallel loops (the engine decides) ------------------------------
+//
+// An engine's host is never idle: a parallel region over a handful of items waits for its
+// slowest thread, and a thread the OS descheduled for a time slice makes a 0.2 ms step an 8 ms
+// one. So the engine chooses, per calling thread, how kvsift runs its loops:
+//
+//   threading::pool    the default: an OpenMP team when the loop is big enough to pay for it
+//   threading::caller  every loop runs on the calling thread (no other thread is ever waited for)
+//   an executor        the engine's own pool: kvsift hands it the loop and waits for it
+//
+//   kvsift::cpu::scoped_threading serial(kvsift::cpu::threading::caller);  // this thread, this scope
+//   my_pool_executor pool;                      // derives from kvsift::cpu::executor
+//   kvsift::cpu::scoped_threading on_pool(pool);
+//
+// The choice is thread-local and scoped (the previous one is restored at the end of the scope),
+// so two engine threads can choose differently. Results never depend on it: every loop's
+// iterations are independent and write disjoint outputs.
+
+enum class threading {
+  pool,    // OpenMP (when built with it) for loops above parallel_threshold
+  caller,  // every loop on the calling thread
+};
+
+// An engine's thread pool. bulk() runs body(ctx, i) once for every i in [0, n), on any threads
+// (the caller's included), and returns when all have returned. kvsift's bodies never throw: an
+// exception is captured inside and rethrown on the calling thread after bulk() returns.
+class executor {
+ public:
+  virtual ~executor() = default;
+  virtual void bulk(std::int64_t n, void (*body)(void* ctx, std::int64_t i), void* ctx) = 0;
+};
+
+namespace detail {
+struct threading_choice {
+  threading mode = threading::pool;
+  executor* exec = nullptr;  // set: loops go to it (mode is ignored)
+};
+inline threading_choice& current_threading() {
+  thread_local threading_choice choice;
+  return choice;
+}
+}  // namespace detail
+
+// Sets how this thread runs kvsift's parallel loops until the end of the scope.
+class scoped_threading {
+ public:
+  explicit scoped_threading(threading mode) : saved_(detail::current_threading()) {
+    detail::current_threading() = {mode, nullptr};
+  }
+  explicit scoped_threading(executor& e) : saved_(detail::current_threading()) {
+    detail::current_threading() = {threading::pool, &e};
+  }
+  scoped_threading(const scoped_threading&) = delete;
+  scoped_threading& operator=(const scoped_threading&) = delete;
+  ~scoped_threading() { detail::current_threading() = saved_; }
+
+ private:
+  detail::threading_choice saved_;
+};
 
 // Execution policy of the CPU backend. `threads = 0` lets OpenMP decide.
 struct par_t {
@@ -26,11 +88,37 @@ inline constexpr std::int64_t parallel_threshold = std::int64_t{1} << 18;
 // independent (they are: one segment each). An exception thrown by an iteration (kvsift::error,
 // std::bad_alloc, ...) cannot cross an OpenMP region: the first one is captured, the remaining
 // iterations are skipped, and it is rethrown on the calling thread once the region has ended.
+// The loop follows this thread's scoped_threading: on the calling thread, on the engine's
+// executor (every loop of more than one item, whatever its size: the engine's pool decides), or
+// on OpenMP.
 template <class F>
 void parallel_for(std::int64_t n, F&& f, par_t policy = par,
                   std::int64_t work_per_item = parallel_threshold) {
+  const auto choice = detail::current_threading();
+  if (choice.exec != nullptr && n > 1) {
+    struct context {
+      std::remove_reference_t<F>* f = nullptr;
+      std::mutex mu;
+      std::exception_ptr first_error;
+      std::atomic<bool> failed{false};
+    } ctx;
+    ctx.f = &f;
+    choice.exec->bulk(n, [](void* c, std::int64_t i) {
+      auto& x = *static_cast<context*>(c);
+      if (x.failed.load(std::memory_order_relaxed)) return;
+      try {
+        (*x.f)(i);
+      } catch (...) {
+        std::lock_guard lock(x.mu);
+        if (!x.first_error) x.first_error = std::current_exception();
+        x.failed.store(true, std::memory_order_relaxed);
+      }
+    }, &ctx);
+    if (ctx.first_error) std::rethrow_exception(ctx.first_error);
+    return;
+  }
 #if KVSIFT_HAS_OPENMP()
-  if (n > 1 && n * work_per_item >= parallel_threshold) {
+  if (choice.mode == threading::pool && n > 1 && n * work_per_item >= parallel_threshold) {
     const int threads = policy.threads > 0 ? policy.threads : 0;
     std::exception_ptr first_error;
     std::atomic<bool> failed{false};

@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+// The engine's control of threading (issue 29): cpu::scoped_threading runs every parallel loop of
+// the library on the calling thread, or hands it to the engine's executor; the choice is scoped
+// and per thread, exceptions still reach the caller as kvsift::error, and a method's plans and
+// outputs do not depend on it.
+
+#include <kvsift/kvsift.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <set>
+#include <span>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// An engine's pool of two threads (the caller waits): counts the loops and items it ran.
+class two_thread_executor final : public kvsift::cpu::executor {
+ public:
+  void bulk(std::int64_t n, void (*body)(void*, std::int64_t), void* ctx) override {
+    ++loops;
+    std::atomic<std::int64_t> next{0};
+    auto work = [&] {
+      for (std::int64_t i; (i = next.fetch_add(1)) < n;) {
+        body(ctx, i);
+        ++items;
+      }
+    };
+    std::thread a(work), b(work);
+    a.join();
+    b.join();
+  }
+  std::atomic<int> loops{0};
+  std::atomic<std::int64_t> items{0};
+};
+
+// Thread ids that ran the iterations of a big parallel loop (above the OpenMP threshold).
+std::set<std::thread::id> threads_of_loop(std::int64_t n) {
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  kvsift::cpu::parallel_for(n, [&](std::int64_t) {
+    std::lock_guard lock(mu);
+    ids.insert(std::this_thread::get_id());
+  }, kvsift::cpu::par, kvsift::cpu::parallel_threshold);
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("threading: caller runs every loop on the calling thread, executor gets every loop",
+          "[threading]") {
+  const auto me = std::this_thread::get_id();
+  {
+    kvsift::cpu::scoped_threading serial(kvsift::cpu::threading::caller);
+    CHECK(threads_of_loop(64) == std::set<std::thread::id>{me});
+  }
+  two_thread_executor pool;
+  {
+    kvsift::cpu::scoped_threading on_pool(pool);
+    const auto ids = threads_of_loop(64);
+    CHECK(ids.count(me) == 0);  // the pool's threads ran it
+    CHECK(pool.loops == 1);
+    CHECK(pool.items == 64);
+    {  // scopes nest and restore
+      kvsift::cpu::scoped_threading serial(kvsift::cpu::threading::caller);
+      CHECK(threads_of_loop(8) == std::set<std::thread::id>{me});
+    }
+    (void)threads_of_loop(8);
+    CHECK(pool.loops == 2);
+  }
+  (void)threads_of_loop(8);
+  CHECK(pool.loops == 2);  // out of scope: not the pool any more
+  // per thread: another thread's loops do not see this thread's choice
+  kvsift::cpu::scoped_threading on_pool(pool);
+  std::thread other([] { (void)threads_of_loop(8); });
+  other.join();
+  CHECK(pool.loops == 2);
+}
+
+TEST_CASE("threading: an exception inside an executor's loop reaches the caller", "[threading]") {
+  two_thread_executor pool;
+  kvsift::cpu::scoped_threading on_pool(pool);
+  std::atomic<int> ran{0};
+  REQUIRE_THROWS_WITH(kvsift::cpu::parallel_for(100, [&](std::int64_t i) {
+                        ++ran;
+                        kvsift::require(i != 37, "loop", "i", i, "not 37");
+                      }),
+                      Catch::Matchers::ContainsSubstring("not 37"));
+  CHECK(ran <= 100);
+}
+
+TEST_CASE("threading: SnapKV's plans and outputs are the same on the caller's thread, an executor "
+          "and the default pool", "[threading]") {
+  const kvsift::model_shape sh{.layers = 1, .q_heads = 8, .kv_heads = 4, .head_dim = 64};
+  const int n = 4096, B = 2;  // big enough for the scorer's and the attention's loops to go parallel
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::vector<float>> k(B), v(B), q(B);
+  for (int r = 0; r < B; ++r) {
+    k[r].resize(static_cast<std::size_t>(n + 1) * sh.kv_heads * sh.head_dim);
+    v[r].resize(k[r].size());
+    q[r].resize(static_cast<std::size_t>(n + 1) * sh.q_heads * sh.head_dim);
+    for (auto* a : {&k[r], &v[r], &q[r]})
+      for (auto& x : *a) x = nd(rng);
+  }
+  using view = kvsift::kv_view<const float, kvsift::nhd>;
+  auto run = [&] {
+    kvsift::store::dense<float> st(sh, B, n + 1);
+    using store_t = kvsift::store::dense<float>;
+    kvsift::snapkv<store_t> m(st, kvsift::snapkv_params<store_t>(1024));
+    for (int r = 0; r < B; ++r) {
+      m.prefill(0, kvsift::prefill_chunk<float>{
+                       .request = r,
+                       .keys = view::contiguous(k[r].data(), n, sh.kv_heads, sh.head_dim),
+                       .values = view::contiguous(v[r].data(), n, sh.kv_heads, sh.head_dim),
+                       .queries = view::contiguous(q[r].data(), n, sh.q_heads, sh.head_dim),
+                       .first_position = 0,
+                       .last = true});
+    }
+    std::vector<kvsift::decode_token<float>> toks;
+    for (int r = 0; r < B; ++r) {
+      toks.push_back({r, q[r].data() + static_cast<std::size_t>(n) * sh.q_heads * sh.head_dim,
+                      k[r].data() + static_cast<std::size_t>(n) * sh.kv_heads * sh.head_dim,
+                      v[r].data() + static_cast<std::size_t>(n) * sh.kv_heads * sh.head_dim});
+    }
+    const auto plan = m.decode(0, toks).positions;
+    std::vector<float> out(static_cast<std::size_t>(B) * sh.q_heads * sh.head_dim);
+    m.attend(0, toks, out.data());
+    return std::make_pair(plan.values, out);
+  };
+  const auto base = run();
+  {
+    kvsift::cpu::scoped_threading serial(kvsift::cpu::threading::caller);
+    CHECK(run() == base);
+  }
+  two_thread_executor pool;
+  {
+    kvsift::cpu::scoped_threading on_pool(pool);
+    CHECK(run() == base);
+  }
+  CHECK(pool.loops > 0);  // the method's loops went to the engine's pool
+}
