@@ -154,29 +154,30 @@ TEST_CASE("26.6: install rejects a landing with too few rows or unordered positi
   const std::vector<std::int32_t> want{2, 5, 9};
   const auto before = resident(st, 0);
 
-  kvsift::store::landing<float> short_rows;  // two positions, one row
-  short_rows.dim = 4;
-  short_rows.seqs = {0};
-  short_rows.positions.push_back(std::vector<std::int32_t>{2, 5});
-  short_rows.keys.assign(4, 1.0f);
-  short_rows.values.assign(4, 1.0f);
-  REQUIRE_THROWS_WITH(st.install(0, want, short_rows), ContainsSubstring("from.keys.size"));
+  // A landing of head-sequence 0 as the transfer would fill it, but for the parts a test breaks.
+  // Its rows are the pool's rows of its first `rows` positions.
+  const auto landing_of = [&st](std::vector<std::int32_t> positions, int rows, bool segment = true) {
+    kvsift::store::landing<float> l;
+    l.dim = 4;
+    l.seqs = {0};
+    if (segment) l.positions.push_back(positions);
+    for (int i = 0; i < rows; ++i) {
+      const int index = st.host_index(0, 0, positions[static_cast<std::size_t>(i)]);
+      l.keys.insert(l.keys.end(), st.host_key(0, index), st.host_key(0, index) + 4);
+      l.values.insert(l.values.end(), st.host_value(0, index), st.host_value(0, index) + 4);
+    }
+    return l;
+  };
+  // two positions, one row; both rows with positions out of order; a seq without its CSR segment
+  REQUIRE_THROWS_WITH(st.install(0, want, landing_of({2, 5}, 1)), ContainsSubstring("from.keys.size"));
   CHECK(resident(st, 0) == before);
-
-  kvsift::store::landing<float> unordered;  // both rows, positions out of order
-  unordered.dim = 4;
-  unordered.seqs = {0};
-  unordered.positions.push_back(std::vector<std::int32_t>{5, 2});
-  unordered.keys.assign(8, 1.0f);
-  unordered.values.assign(8, 1.0f);
-  REQUIRE_THROWS_WITH(st.install(0, want, unordered), ContainsSubstring("ascending"));
+  REQUIRE_THROWS_WITH(st.install(0, want, landing_of({5, 2}, 2)), ContainsSubstring("ascending"));
   CHECK(resident(st, 0) == before);
-
-  kvsift::store::landing<float> no_segment;  // a seq without its CSR segment
-  no_segment.dim = 4;
-  no_segment.seqs = {0};
-  REQUIRE_THROWS_WITH(st.install(0, want, no_segment), ContainsSubstring("offsets"));
+  REQUIRE_THROWS_WITH(st.install(0, want, landing_of({2, 5}, 2, false)), ContainsSubstring("offsets"));
   CHECK(resident(st, 0) == before);
+  // the same landing, well formed, installs
+  REQUIRE_NOTHROW(st.install(0, want, landing_of({2, 5}, 2)));
+  CHECK(resident(st, 0) == want);
   REQUIRE_NOTHROW(st.verify());
 }
 
