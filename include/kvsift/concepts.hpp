@@ -125,6 +125,14 @@ concept KvStore =
       s.retain(request, layer, kept);
     };
 
+// TieredStore: a KvStore with a second tier (store::tiered): every token lives in a host pool,
+// a working set of it is resident; demote/promote/install move tokens between the two.
+template <class S>
+concept TieredStore = KvStore<S> && requires(S& s, const S& cs, int request, int layer) {
+  { cs.host_length(request, layer) } -> std::convertible_to<int>;
+  { cs.host_capacity() } -> std::convertible_to<int>;
+};
+
 // Scorer: how important each token (or page) of a head-sequence is.
 // A type T models Scorer if:
 //  1. it opts in with `using kvsift_role = kvsift::scorer_tag;`, names its `granularity`

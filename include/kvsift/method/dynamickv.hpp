@@ -20,19 +20,17 @@
 #include <kvsift/method/method.hpp>
 #include <kvsift/score/window_attention.hpp>
 #include <kvsift/select/topk.hpp>
-#include <kvsift/transfer/basic.hpp>
 #include <kvsift/trigger/basic.hpp>
 
 namespace kvsift {
 
-template <KvStore Store>
-using dynamickv = method<Store, score::window_attention, select::topk, budget::dynamic_layer,
-                         transfer::none, trigger::never>;
+template <KvStore Store, Exec E = exec::host>
+using dynamickv = method<Store, recipe<score::window_attention, select::topk, budget::dynamic_layer, trigger::never>, E>;
 
 // Params of dynamickv for an average budget of `budget` tokens per head-sequence (window
 // included; budget <= window is an error).
-template <KvStore Store>
-typename dynamickv<Store>::params dynamickv_params(int budget, int window = 8, int kernel = 7,
+template <KvStore Store, Exec E = exec::host>
+typename dynamickv<Store, E>::params dynamickv_params(int budget, int window = 8, int kernel = 7,
                                                    int r_max = 10, int interval = 4) {
   return {.scorer = {.window = window, .kernel = kernel, .pool = pooling::avg,
                      .gqa = gqa_reduce::mean},

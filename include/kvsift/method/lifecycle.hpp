@@ -173,6 +173,15 @@ void require_distinct_requests(std::string_view where, std::span<const decode_to
   }
 }
 
+// What the shell checked of a prefill call, for the schedule: per request, the tokens its
+// chunks add and whether one of them ends its prompt.
+struct prefill_totals {
+  std::vector<int> added;           // [requests]
+  std::vector<std::int32_t> next;   // [requests] position after the request's chunks, -1 if none
+  std::vector<char> ended;          // [requests] its `last` chunk was seen
+  int pool_pages = 0;               // pages a paged pool must find for the call so far
+};
+
 struct method_stats {
   std::int64_t resident_bytes = 0;     // key + value bytes resident in the store's space
   std::int64_t resident_tokens = 0;    // tokens resident, summed over head-sequences

@@ -1,0 +1,319 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// schedule::evict — one tier; a compression round when the trigger fires:
+//
+//   prefill   appends every chunk; a round for the requests whose chunk is `last` (and, between
+//             chunks, for those whose trigger fires: LagKV)
+//   decode    appends each request's token; the plan reads every resident token
+//   after     the scorer observes the step's attention (H2O), the step's query joins the
+//             history, and a round runs where the trigger fires (StreamingLLM, H2O, LagKV)
+//
+// A round of a layer of a ragged batch: Scorer -> Budgeter -> Selector -> the store's retain(),
+// which compacts each head-sequence in place so memory is really reclaimed; a progressive
+// budgeter (DynamicKV) may then shrink layers already compressed. A selector declaring
+// `keeps_everything` (full KV) runs no round at all.
+
+#include <kvsift/budget/progressive.hpp>
+#include <kvsift/concepts.hpp>
+#include <kvsift/method/composition.hpp>
+#include <kvsift/method/lifecycle.hpp>
+#include <kvsift/method/recipe.hpp>
+#include <kvsift/method/schedule/one_tier.hpp>
+#include <kvsift/score/context.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvsift {
+
+struct schedule::evict {
+  static constexpr int tiers = 1;
+  template <class Store, class Recipe>
+  class state;
+};
+
+template <class Store, class Recipe>
+class schedule::evict::state : public detail::one_tier<Store> {
+  using base = detail::one_tier<Store>;
+  using T = typename Store::element_type;
+  using Scorer = typename Recipe::scorer;
+  using Selector = typename Recipe::selector;
+  using Budgeter = typename Recipe::budgeter;
+  static_assert(detail::composition_checked<Store, Scorer, Selector, Budgeter>);
+  static constexpr hooks scorer_hooks = hooks_of<Scorer>;
+  static constexpr hooks selector_hooks = hooks_of<Selector>;
+  static constexpr hooks budgeter_hooks = hooks_of<Budgeter>;
+  using base::layer_budgets_;
+  using base::refreshes_;
+  using base::steps_;
+
+ public:
+  // A selector that declares `keeps_everything` (full KV) makes every round a no-op: none runs.
+  static constexpr bool compresses = !requires { requires Selector::keeps_everything; };
+  template <class R>
+  static constexpr capabilities caps{
+      .changes_physical_length = compresses,
+      .safe_with_shared_prefix = !compresses,
+      .needs_queries = R::scorer::needs_queries,
+      .cuda_graph_safe = false,
+      .speculative_decoding = false,
+  };
+  static constexpr bool after_attention_reads_queries = Scorer::needs_queries;
+
+  template <class M>
+  explicit state(const M& m)
+      : base(m),
+        frozen_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers *
+                    m.store().shape().kv_heads, 0) {}
+
+  // Final prefix of a head-sequence: its slots before this one are never rescored (advanced by a
+  // freezing selector, e.g. LagKV's base; 0 otherwise).
+  [[nodiscard]] int frozen(std::int64_t seq) const { return frozen_[static_cast<std::size_t>(seq)]; }
+
+  template <class M>
+  void check_chunk(const M& m, std::string_view where, int layer, const prefill_chunk<T>& c,
+                   prefill_totals& tot) const {
+    const auto& sc = m.parts().scorer;
+    const auto& st = m.store();
+    if constexpr (Scorer::needs_queries) {
+      if (sc.query_window() < 0) {
+        require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
+                "keys.tokens (" + std::to_string(c.keys.tokens) + "): this scorer reads every prompt query");
+      } else {
+        require(c.queries.tokens >= 0 && c.queries.tokens <= c.keys.tokens, where, "queries.tokens",
+                c.queries.tokens,
+                "in [0, keys.tokens = " + std::to_string(c.keys.tokens) + "]: the chunk's newest queries");
+      }
+      if (c.last && layer >= m.parameters().dense_layers && sc.query_window() > 0) {
+        const auto slot = m.slot(c.request, layer);
+        const int have = m.history().contiguous(slot, c.queries.tokens,
+                                                c.first_position + c.keys.tokens - c.queries.tokens);
+        const int need = std::min(sc.query_window(),
+                                  st.length(st.shape().sequence(c.request, layer, 0)) + c.keys.tokens);
+        require(have >= need, where, "queries.tokens", c.queries.tokens,
+                "enough newest queries for the scorer's window: " + std::to_string(need) +
+                    " ending at the prompt's last token (" + std::to_string(have) + " available)");
+      }
+    }
+    base::check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);
+  }
+
+  // A budget that cannot hold the protected tokens is an error before anything is appended.
+  template <class M>
+  void check_prefill(const M& m, std::string_view, int layer,
+                     std::span<const prefill_chunk<T>> chunks, const prefill_totals&) const {
+    if constexpr (selector_hooks.check) {
+      if (layer < m.parameters().dense_layers) return;
+      const auto& sh = m.store().shape();
+      std::vector<int> lengths;
+      for (const auto& c : chunks) {
+        if (!c.last) continue;
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          lengths.push_back(m.store().length(sh.sequence(c.request, layer, h)) + c.keys.tokens);
+        }
+      }
+      std::vector<int> budgets;
+      m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
+      score_sets sizes_only;
+      sizes_only.resize(lengths);
+      m.parts().selector.check(sizes_only, budgets);
+    }
+  }
+
+  template <class M>
+  void prefill(M& m, int layer, std::span<const prefill_chunk<T>> chunks) {
+    std::vector<int> ended, between;
+    for (const auto& c : chunks) {
+      m.store().append(c.request, layer, c.keys, c.values, c.first_position);
+      if constexpr (Scorer::needs_queries) {
+        m.history().remember(m.slot(c.request, layer), m.parts().scorer.query_window(), c.queries,
+                             c.first_position + c.keys.tokens - c.queries.tokens);
+      }
+      (c.last ? ended : between).push_back(c.request);
+    }
+    if (compresses && layer >= m.parameters().dense_layers) {
+      compress(m, layer, between, lifecycle_event::prefill_chunk);
+      compress(m, layer, ended, lifecycle_event::prefill_end);
+    }
+    // The prompt's queries have served its round (H2O buffers all of them, as large as the
+    // uncompressed cache): free them; decode-time scoring uses decode queries.
+    for (const int r : ended) m.history().clear(m.slot(r, layer));
+  }
+
+  // The same budget check before a decode step's token is appended, for the requests whose
+  // trigger will fire after it (a rolling StreamingLLM window whose budget cannot hold its
+  // sinks, say): the error comes before the step, never from after_attention.
+  template <class M>
+  void check_decode(const M& m, std::string_view where, int layer,
+                    std::span<const decode_token<T>> tokens) const {
+    base::check_decode_room(m, where, layer, tokens);
+    if constexpr (compresses && selector_hooks.check) {
+      if (layer < m.parameters().dense_layers) return;
+      const auto& sh = m.store().shape();
+      std::vector<int> lengths;
+      for (const auto& t : tokens) {
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          lengths.push_back(m.store().length(sh.sequence(t.request, layer, h)) + 1);
+        }
+      }
+      std::vector<int> budgets;
+      m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
+      std::vector<int> firing_lengths, firing_budgets;
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          const auto s = i * sh.kv_heads + h;
+          const trigger_context ctx{lifecycle_event::decode_step,
+                                    steps_[m.slot(tokens[i].request, layer)] + 1, lengths[s],
+                                    frozen_[sh.sequence(tokens[i].request, layer, h)], budgets[s]};
+          if (m.parts().trigger.fires(ctx)) {
+            firing_lengths.push_back(lengths[s]);
+            firing_budgets.push_back(budgets[s]);
+          }
+        }
+      }
+      score_sets sizes_only;
+      sizes_only.resize(firing_lengths);
+      m.parts().selector.check(sizes_only, firing_budgets);
+    }
+  }
+
+  template <class M>
+  void decode(M& m, int layer, std::span<const decode_token<T>> tokens, attention_plan& plan) {
+    this->append_tokens(m, layer, tokens);
+    this->plan_everything(m, layer, plan);
+  }
+
+  template <class M>
+  void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
+    if (layer < m.parameters().dense_layers) return;
+    const auto& sh = m.store().shape();
+    if constexpr (scorer_hooks.observe) {
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        m.parts().scorer.observe(m.store(), tokens[i].request, layer, tokens[i].query, m.plan().slots,
+                                 static_cast<int>(i) * sh.kv_heads);
+      }
+    }
+    batch_.clear();
+    for (const auto& t : tokens) {
+      // A scorer reading every query (H2O, window -1) follows decode through observe(): keeping
+      // each decode query too would grow a buffer by q_heads * d floats per step, unused.
+      if constexpr (Scorer::needs_queries) {
+        if (m.parts().scorer.query_window() > 0) {
+          m.history().remember_row(m.slot(t.request, layer), m.parts().scorer.query_window(), t.query,
+                                   m.store().next_position(t.request, layer) - 1);
+        }
+      }
+      batch_.push_back(t.request);
+    }
+    compress(m, layer, batch_, lifecycle_event::decode_step);
+  }
+
+  template <class M>
+  void reset(M& m, int request) {
+    const auto& sh = m.store().shape();
+    m.store().reset(request);
+    this->reset_steps(m, request);
+    for (int l = 0; l < sh.layers; ++l) {
+      for (int h = 0; h < sh.kv_heads; ++h) frozen_[sh.sequence(request, l, h)] = 0;
+    }
+    if constexpr (scorer_hooks.reset) m.parts().scorer.reset(std::as_const(m.store()), request);
+    if constexpr (budgeter_hooks.reset) m.parts().budgeter.reset(request);
+  }
+
+  template <class M>
+  void stats(const M&, method_stats& s) const { this->fill_stats(s); }
+
+ private:
+  // One round for `requests` of `layer`: score, budget, select, retain — if the trigger fires.
+  template <class M>
+  void compress(M& m, int layer, const std::vector<int>& requests, lifecycle_event event) {
+    if (requests.empty()) return;
+    auto& store = m.store();
+    auto& parts = m.parts();
+    const auto& sh = store.shape();
+    lengths_.clear();
+    for (const int r : requests) {
+      for (int h = 0; h < sh.kv_heads; ++h) lengths_.push_back(store.length(sh.sequence(r, layer, h)));
+    }
+    parts.budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths_}, budgets_);
+    std::vector<int> firing;
+    std::vector<int> firing_budgets;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      bool fire = false;
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto s = i * sh.kv_heads + h;
+        trigger_context ctx{event, steps_[m.slot(requests[i], layer)], lengths_[s],
+                            frozen_[sh.sequence(requests[i], layer, h) % frozen_.size()], budgets_[s]};
+        fire = fire || parts.trigger.fires(ctx);
+      }
+      if (fire) {
+        firing.push_back(requests[i]);
+        for (int h = 0; h < sh.kv_heads; ++h) firing_budgets.push_back(budgets_[i * sh.kv_heads + h]);
+      }
+    }
+    if (firing.empty()) return;
+
+    std::vector<kv_view<const float, nhd>> qs;
+    std::vector<std::int32_t> qpos;
+    for (const int r : firing) {
+      qs.push_back(m.history().view(m.slot(r, layer)));
+      qpos.push_back(m.history().first(m.slot(r, layer)));
+    }
+    std::vector<int> frozen;  // [firing * kv_heads] final prefix of each head-sequence
+    for (const int r : firing) {
+      for (int h = 0; h < sh.kv_heads; ++h) frozen.push_back(frozen_[sh.sequence(r, layer, h)]);
+    }
+    score_input<Store> in{&store, layer, event, firing, qs, qpos, frozen};
+    parts.scorer.score(in, scores_);
+    // The selector throws before any store is touched; a freezing one advances `frozen`.
+    if constexpr (selector_hooks.freeze) {
+      refreshes_ += parts.selector.select(scores_, firing_budgets, kept_, std::span<int>(frozen));
+      for (std::size_t i = 0; i < firing.size(); ++i) {
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          frozen_[sh.sequence(firing[i], layer, h)] = frozen[i * sh.kv_heads + h];
+        }
+      }
+    } else {
+      parts.selector.select(scores_, firing_budgets, kept_);
+      ++refreshes_;
+    }
+    layer_budgets_[layer] = firing_budgets.empty() ? -1 : firing_budgets.front();
+    for (std::size_t i = 0; i < firing.size(); ++i) {
+      index_sets per_request;
+      bool shrinks = false;
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const int s = static_cast<int>(i) * sh.kv_heads + h;
+        per_request.push_back(kept_[s]);
+        shrinks = shrinks || kept_.size(s) < store.length(sh.sequence(firing[i], layer, h));
+      }
+      if (!shrinks) continue;
+      store.retain(firing[i], layer, per_request);
+      if constexpr (scorer_hooks.compact) parts.scorer.compact(store, firing[i], layer, per_request);
+    }
+    // Progressive budgeters see the round, then may shrink layers already compressed, in place.
+    if constexpr (budgeter_hooks.revise) {
+      revisions_.clear();
+      parts.budgeter.revise(budget_round{layer, sh.layers, sh.kv_heads, event, firing, &scores_, &kept_},
+                            revisions_);
+      for (const auto& rv : revisions_) {
+        store.retain(rv.request, rv.layer, rv.kept);
+        if constexpr (scorer_hooks.compact) parts.scorer.compact(store, rv.request, rv.layer, rv.kept);
+        if (rv.request == firing.front()) layer_budgets_[rv.layer] = rv.budget;
+      }
+    }
+  }
+
+  std::vector<int> frozen_;  // [requests * layers * kv_heads] final prefix length
+  score_sets scores_;
+  std::vector<int> budgets_;
+  index_sets kept_;
+  std::vector<budget_revision> revisions_;  // a progressive budgeter's orders after a round
+  std::vector<int> batch_, lengths_;        // scratch: after_attention's batch, a round's lengths
+};
+
+}  // namespace kvsift

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// detail::one_tier — what the one-tier schedules (evict, sparse_read) share: room checks of a
+// store (and of a paged store's page pool), appending a decode token, the plan that reads every
+// resident token, and the per-(request, layer) step counters.
+
+#include <kvsift/concepts.hpp>
+#include <kvsift/core/error.hpp>
+#include <kvsift/method/lifecycle.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvsift::detail {
+
+template <class Store>
+class one_tier {
+ public:
+  using T = typename Store::element_type;
+
+  template <class M>
+  explicit one_tier(const M& m)
+      : steps_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers, 0),
+        layer_budgets_(static_cast<std::size_t>(m.store().shape().layers), -1) {}
+
+  [[nodiscard]] int steps(std::size_t slot) const { return steps_[slot]; }
+  template <class M>
+  void release(M&) {}
+
+  // Room for chunk c after what the call's earlier chunks add; a paged pool must hold every
+  // chunk of the call (`pool_pages` accumulates across them).
+  template <class M>
+  static void check_room(const M& m, std::string_view where, int layer,
+                         const prefill_chunk<T>& c, int pending, int& pool_pages) {
+    const auto& st = m.store();
+    const auto& sh = st.shape();
+    const auto seq0 = sh.sequence(c.request, layer, 0);
+    const int room = st.capacity(seq0) - st.length(seq0) - pending;
+    require(c.keys.tokens <= room, where, "keys.tokens", c.keys.tokens,
+            "<= the room left in the store (" + std::to_string(room) + ")");
+    if constexpr (requires { st.free_pages(); st.page_size(); }) {
+      const int ps = st.page_size();
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const int have = st.length(sh.sequence(c.request, layer, h)) + pending;
+        pool_pages += (have + c.keys.tokens + ps - 1) / ps - (have + ps - 1) / ps;
+      }
+      require(pool_pages <= st.free_pages(), where, "keys.tokens", c.keys.tokens,
+              "room in the page pool for the whole batch (" + std::to_string(pool_pages) +
+                  " pages needed, " + std::to_string(st.free_pages()) + " free)");
+    }
+  }
+
+  // Room for one more token in every KV head of each request (and pages for the whole batch).
+  template <class M>
+  static void check_decode_room(const M& m, std::string_view where, int layer,
+                                std::span<const decode_token<T>> tokens) {
+    const auto& st = m.store();
+    const auto& sh = st.shape();
+    int pool_pages = 0;
+    for (const auto& t : tokens) {
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto seq = sh.sequence(t.request, layer, h);
+        require(st.length(seq) < st.capacity(seq), where, "request", t.request,
+                "a head-sequence with room for one more token");
+        if constexpr (requires { st.free_pages(); st.page_size(); }) {
+          pool_pages += st.length(seq) % st.page_size() == 0 ? 1 : 0;
+        }
+      }
+      if constexpr (requires { st.free_pages(); st.page_size(); }) {
+        require(pool_pages <= st.free_pages(), where, "request", t.request, [&] {
+          return "room in the page pool for the whole batch (" + std::to_string(pool_pages) +
+                 " pages needed up to this request, " + std::to_string(st.free_pages()) + " free)";
+        });
+      }
+    }
+  }
+
+  // Appends each request's token at its next position; counts the step.
+  template <class M>
+  void append_tokens(M& m, int layer, std::span<const decode_token<T>> tokens) {
+    auto& st = m.store();
+    const auto& sh = st.shape();
+    for (const auto& t : tokens) {
+      st.append(t.request, layer, kv_view<const T, nhd>::contiguous(t.key, 1, sh.kv_heads, sh.head_dim),
+                kv_view<const T, nhd>::contiguous(t.value, 1, sh.kv_heads, sh.head_dim),
+                st.next_position(t.request, layer));
+      ++steps_[m.slot(t.request, layer)];
+    }
+  }
+
+  // The plan reading every resident token of each head-sequence of plan.requests; with
+  // page_size > 0 also every page (a dense layer of a page method).
+  template <class M>
+  void plan_everything(const M& m, int layer, attention_plan& plan, int page_size = 0) {
+    const auto& st = m.store();
+    const auto& sh = st.shape();
+    sizes_.clear();
+    for (const int r : plan.requests) {
+      for (int h = 0; h < sh.kv_heads; ++h) sizes_.push_back(st.length(sh.sequence(r, layer, h)));
+    }
+    plan.slots.resize(sizes_);
+    plan.pages.clear();
+    for (int s = 0; s < plan.slots.segments(); ++s) {
+      auto seg = plan.slots[s];
+      std::iota(seg.begin(), seg.end(), 0);
+    }
+    if (page_size > 0) {
+      for (int& n : sizes_) n = (n + page_size - 1) / page_size;
+      plan.pages.resize(sizes_);
+      for (int s = 0; s < plan.pages.segments(); ++s) {
+        auto seg = plan.pages[s];
+        std::iota(seg.begin(), seg.end(), 0);
+      }
+    }
+    fill_positions(m, layer, plan);
+  }
+
+  template <class M>
+  static void fill_positions(const M& m, int layer, attention_plan& plan) {
+    const auto& st = m.store();
+    const auto& sh = st.shape();
+    plan.positions.offsets = plan.slots.offsets;
+    plan.positions.values.resize(plan.slots.values.size());
+    for (int s = 0; s < plan.slots.segments(); ++s) {
+      const auto seq = sh.sequence(plan.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
+      const auto in = plan.slots[s];
+      auto out = plan.positions[s];
+      for (std::size_t i = 0; i < in.size(); ++i) out[i] = st.position(seq, in[i]);
+    }
+  }
+
+  template <class M>
+  void reset_steps(const M& m, int request) {
+    for (int l = 0; l < m.store().shape().layers; ++l) steps_[m.slot(request, l)] = 0;
+  }
+
+  void fill_stats(method_stats& s) const {
+    s.refreshes = refreshes_;
+    s.stalls = 0;
+    s.bytes_transferred = 0;
+    s.layer_budgets = layer_budgets_;
+  }
+
+ protected:
+  std::vector<int> steps_;          // [requests * layers] decode steps taken
+  std::vector<int> layer_budgets_;  // [layers] last budget applied, -1 if none
+  std::int64_t refreshes_ = 0;
+  std::vector<int> sizes_;          // scratch: plan segment sizes
+};
+
+}  // namespace kvsift::detail
