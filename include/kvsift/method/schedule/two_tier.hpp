@@ -132,6 +132,69 @@ class pending_recalls {
     s = {};
   }
 
+  // A schedule that uses part of a decision (FreeKV: the heads that did not correct) completes
+  // it with complete_part(): waits like complete(), installs only the targets `keep(i)` names
+  // (i: index in the submitted targets; an empty landing when nothing was fetched, so every
+  // kept row must be resident), releases the recall, then calls commit(decision). A failed
+  // recall throws like complete() (the landing released, the decision dropped).
+  template <class Keep, class Commit>
+  void complete_part(transfer::async<T>& x, store::tiered<T>& st, std::size_t key, Keep&& keep,
+                     Commit&& commit) {
+    auto& s = slots_[key];
+    if (!s.active) return;
+    s.active = false;
+    const auto ticket = std::exchange(s.ticket, 0);
+    const auto targets = std::move(s.targets);
+    auto decision = std::move(s.decision);
+    s.targets.clear();
+    s.decision = {};
+    s.rows = 0;
+    store::landing<T> none;
+    none.dim = st.shape().head_dim;
+    const store::landing<T>* landed = &none;
+    if (ticket != 0) {
+      try {
+        landed = &x.wait(ticket);
+      } catch (...) {
+        x.release(ticket);
+        throw;
+      }
+    }
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      if (keep(i)) st.install(targets[i].seq, working_set(st, targets[i]), *landed);
+    }
+    if (ticket != 0) x.release(ticket);
+    commit(std::move(decision));
+  }
+  // Drops the pending decision of `key` without waiting for its recall: a finished recall is
+  // released now, a running one runs to its end and is released by a later sweep() (a step
+  // that corrects never blocks on a copy it discards). The store is unchanged.
+  void discard(transfer::async<T>& x, std::size_t key) {
+    auto& s = slots_[key];
+    if (s.active && s.ticket != 0) {
+      if (x.ready(s.ticket)) {
+        x.release(s.ticket);
+      } else {
+        discarded_.push_back(s.ticket);
+      }
+    }
+    s = {};
+  }
+  // Releases the discarded recalls that finished.
+  void sweep(transfer::async<T>& x) {
+    std::erase_if(discarded_, [&](auto tk) {
+      if (!x.ready(tk)) return false;
+      x.release(tk);
+      return true;
+    });
+  }
+  // Cancels every discarded recall still held (a reset: none may read a pool being reset).
+  void cancel_discarded(transfer::async<T>& x) {
+    for (const auto tk : discarded_) x.cancel(tk);
+    discarded_.clear();
+  }
+  [[nodiscard]] std::size_t keys() const { return slots_.size(); }
+
  private:
   struct slot {
     bool active = false;
@@ -149,6 +212,7 @@ class pending_recalls {
     return out;
   }
   std::vector<slot> slots_;
+  std::vector<typename transfer::async<T>::ticket> discarded_;  // discard()ed, still running
 };
 
 // Validates a prefill call of a method over store::tiered that scores the prompt's last query
