@@ -17,7 +17,7 @@ namespace kvsift::trigger {
 // q_{t-1} (speculative retrieval) unless the query moved: for each KV head, the mean over its G
 // query heads of cos(q_t, q_{t-1}) below tau asks for a correction (select with q_t and recall
 // before attention). The trigger keeps, per KV head (a key the caller chooses, the head-sequence
-// id in method::freekv), the previous query of its group.
+// id in schedule::speculative), the previous query of its group.
 //
 // Unlike the lifecycle triggers (trigger/basic.hpp) it decides from queries, so it is not a
 // model of the Trigger concept (whose context carries no query): a method calls observe().
