@@ -340,9 +340,8 @@ TEST_CASE("dynamickv: its per-layer budgets replayed through budget::per_layer w
   for (int l = 0; l < sh.layers; ++l) prefill_layer(dkv, sh, 0, l, pr);
   const auto budgets = dkv.stats().layer_budgets;
 
-  using replay = kvsift::method<store_t, kvsift::score::window_attention, kvsift::select::topk,
-                                kvsift::budget::per_layer, kvsift::transfer::none,
-                                kvsift::trigger::never>;
+  using replay = kvsift::method<store_t,
+    kvsift::recipe<kvsift::score::window_attention, kvsift::select::topk, kvsift::budget::per_layer, kvsift::trigger::never>>;
   store_t b(sh, 1, n);
   replay::params p{.scorer = {.window = w, .kernel = 7},
                    .selector = {.window = w},
@@ -371,9 +370,8 @@ TEST_CASE("per_layer: each layer's budget, validated against the model's layers"
   const model_shape sh{2, 2, 2, 8};
   const auto pr = make_prompt(sh, 40, 5);
   store_t st(sh, 1, 40);
-  using snap_per_layer = kvsift::method<store_t, kvsift::score::window_attention,
-                                        kvsift::select::topk, kvsift::budget::per_layer,
-                                        kvsift::transfer::none, kvsift::trigger::never>;
+  using snap_per_layer = kvsift::method<store_t,
+    kvsift::recipe<kvsift::score::window_attention, kvsift::select::topk, kvsift::budget::per_layer, kvsift::trigger::never>>;
   snap_per_layer m(st, {.scorer = {.window = 4}, .selector = {.window = 4},
                         .budgeter = {.tokens = {12, 16, 20}}});
   CHECK_THROWS_AS(prefill_layer(m, sh, 0, 0, pr), kvsift::error);

@@ -175,9 +175,8 @@ TEST_CASE("engine methods: streaming_llm's decode plans keep the sinks and the n
 
 TEST_CASE("engine methods: a custom composition plugs in through method_cache",
           "[engine][methods]") {
-  using my_method = kvsift::method<ex::cache_store, kvsift::score::key_norm, kvsift::select::topk,
-                                   kvsift::budget::memory_fraction, kvsift::transfer::none,
-                                   kvsift::trigger::never>;
+  using my_method = kvsift::method<ex::cache_store,
+    kvsift::recipe<kvsift::score::key_norm, kvsift::select::topk, kvsift::budget::memory_fraction, kvsift::trigger::never>>;
   int starts = 0;
   ex::method_cache<my_method> cache("key_norm", [&starts](const ex::cache_shape& s) {
     ++starts;

@@ -561,11 +561,10 @@ TEST_CASE("snapkv: chunked prefill keeps the same set as one chunk", "[laws][sna
 }
 
 TEST_CASE("README: composing a method from components", "[laws][example]") {
-  // example-begin composition
   using store_t = kvsift::store::dense<kvsift::half>;
-  using my_method = kvsift::method<store_t, kvsift::score::key_norm, kvsift::select::topk,
-                                   kvsift::budget::memory_fraction, kvsift::transfer::none,
-                                   kvsift::trigger::never>;
+  using my_method =
+      kvsift::method<store_t, kvsift::recipe<kvsift::score::key_norm, kvsift::select::topk,
+                                             kvsift::budget::memory_fraction, kvsift::trigger::never>>;
   const kvsift::model_shape shape{.layers = 1, .q_heads = 8, .kv_heads = 2, .head_dim = 64};
   store_t store(shape, /*requests=*/1, /*capacity=*/1024);
   my_method m(store, {.selector = {.sink = 4, .window = 16},
@@ -580,5 +579,63 @@ TEST_CASE("README: composing a method from components", "[laws][example]") {
 
   REQUIRE(store.length(0, 0, 0) == 250);  // floor(0.25 * 1000) tokens per KV head
   REQUIRE(m.stats().resident_bytes == 2 * 250 * 2 * 64 * sizeof(kvsift::half));
+}
+
+// Parts from two papers in one recipe: H2O's cumulative attention (every prompt query's attention,
+// summed) ranks the prompt, PyramidKV's pyramid sizes each layer's budget, one round at the
+// prompt's end (schedule::evict); decoding then appends. The README's "Compose your own" quotes it.
+TEST_CASE("README: a composition across papers (H2O scores, PyramidKV budgets)", "[laws][example]") {
+  constexpr int n = 256, steps = 6, d = 16;
+  // example-begin composition
+  using store_t = kvsift::store::dense<float>;
+  using h2o_pyramid = kvsift::method<
+      store_t, kvsift::recipe<kvsift::score::cumulative_attention,  // H2O
+                              kvsift::select::topk,                 // protected window of 8
+                              kvsift::budget::pyramid,              // PyramidKV
+                              kvsift::trigger::never>>;             // at the prompt's end only
+  const kvsift::model_shape shape{.layers = 4, .q_heads = 4, .kv_heads = 2, .head_dim = d};
+  store_t store(shape, /*requests=*/1, /*capacity=*/512);
+  h2o_pyramid m(store, {.selector = {.window = 8},
+                        .budgeter = {.tokens = 64, .window = 8, .beta = 4}});
   // example-end composition
+
+  std::mt19937 rng(2024);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  auto fill = [&](std::size_t count) {
+    std::vector<float> v(count);
+    for (auto& x : v) x = g(rng);
+    return v;
+  };
+  using view = kvsift::kv_view<const float, kvsift::nhd>;
+  std::vector<int> budget(shape.layers);
+  for (int l = 0; l < shape.layers; ++l) {
+    const auto k = fill(std::size_t{n} * 2 * d), v = fill(std::size_t{n} * 2 * d);
+    const auto q = fill(std::size_t{n} * 4 * d);  // H2O reads every prompt query
+    m.prefill(l, {.request = 0, .keys = view::contiguous(k.data(), n, 2, d),
+                  .values = view::contiguous(v.data(), n, 2, d),
+                  .queries = view::contiguous(q.data(), n, 4, d), .last = true});
+    budget[l] = kvsift::budget::pyramid_past_budget(n, 64, 8, l, shape.layers, 4) + 8;
+    for (int h = 0; h < 2; ++h) REQUIRE(store.length(0, l, h) == budget[l]);
+  }
+  REQUIRE(m.stats().layer_budgets == budget);
+  REQUIRE(budget.front() > budget.back());  // the pyramid: lower layers keep more
+  for (int t = 0; t < steps; ++t) {
+    for (int l = 0; l < shape.layers; ++l) {
+      const auto k = fill(2 * d), v = fill(2 * d), q = fill(4 * d);
+      const kvsift::decode_token<float> tok{.request = 0, .query = q.data(), .key = k.data(),
+                                            .value = v.data()};
+      const auto& plan = m.decode(l, tok);
+      for (int h = 0; h < 2; ++h) {
+        const auto pos = plan.positions[h];
+        REQUIRE(static_cast<int>(pos.size()) == budget[l] + t + 1);  // the new token included
+        REQUIRE(pos.back() == n + t);
+        REQUIRE(std::is_sorted(pos.begin(), pos.end()));
+        REQUIRE(std::adjacent_find(pos.begin(), pos.end()) == pos.end());
+        // the protected window: the prompt's newest 8 positions stayed resident
+        REQUIRE(pos[budget[l] - 8] == n - 8);
+      }
+      m.after_attention(l, tok);  // no round after a decode step: the trigger fires at the end only
+      for (int h = 0; h < 2; ++h) REQUIRE(store.length(0, l, h) == budget[l] + t + 1);
+    }
+  }
 }

@@ -8,9 +8,10 @@
 //   auto out = model.generate_greedy(ids, 7, cache);
 //   cache.stats().resident_bytes;   // the store's resident KV now
 //
-//   using mine = kvsift::method<kvsift::examples::cache_store, kvsift::score::key_norm,
-//                               kvsift::select::topk, kvsift::budget::memory_fraction,
-//                               kvsift::transfer::none, kvsift::trigger::never>;
+//   using mine = kvsift::method<kvsift::examples::cache_store,
+//                               kvsift::recipe<kvsift::score::key_norm, kvsift::select::topk,
+//                                              kvsift::budget::memory_fraction,
+//                                              kvsift::trigger::never>>;
 //   kvsift::examples::method_cache<mine> custom("key_norm", [](const cache_shape&) {
 //     return mine::params{.selector = {.sink = 4, .window = 16}, .budgeter = {.keep_fraction = 0.25}};
 //   });

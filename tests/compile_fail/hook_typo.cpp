@@ -15,9 +15,8 @@ struct typo_scorer : kvsift::score::cumulative_attention {
   void obsrve(const Store&, int, int, const float*, const kvsift::index_sets&, int = 0) {}
 };
 
-using bad = kvsift::method<kvsift::store::dense<float>, typo_scorer, kvsift::select::topk,
-                           kvsift::budget::uniform, kvsift::transfer::none,
-                           kvsift::trigger::every_step>;
+using bad = kvsift::method<kvsift::store::dense<float>,
+    kvsift::recipe<typo_scorer, kvsift::select::topk, kvsift::budget::uniform, kvsift::trigger::every_step>>;
 
 int main() {
   bad::params p{};

@@ -13,9 +13,8 @@ struct no_score {
   void score(int, kvsift::score_sets&) const {}
 };
 
-using bad = kvsift::method<kvsift::store::dense<float>, no_score, kvsift::select::topk,
-                           kvsift::budget::uniform, kvsift::transfer::none,
-                           kvsift::trigger::never>;
+using bad = kvsift::method<kvsift::store::dense<float>,
+    kvsift::recipe<no_score, kvsift::select::topk, kvsift::budget::uniform, kvsift::trigger::never>>;
 
 int main() {
   bad::params p{};

@@ -8,9 +8,8 @@ struct quiet_budgeter : kvsift::budget::uniform {
   void revise(const kvsift::budget_round&, std::vector<kvsift::budget_revision>&) {}
 };
 
-using bad = kvsift::method<kvsift::store::dense<float>, kvsift::score::recency,
-                           kvsift::select::topk, quiet_budgeter, kvsift::transfer::none,
-                           kvsift::trigger::never>;
+using bad = kvsift::method<kvsift::store::dense<float>,
+    kvsift::recipe<kvsift::score::recency, kvsift::select::topk, quiet_budgeter, kvsift::trigger::never>>;
 
 int main() {
   bad::params p{};

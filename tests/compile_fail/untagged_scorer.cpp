@@ -14,8 +14,8 @@ struct almost_a_scorer {  // no kvsift_role
   void score(const kvsift::score_input<Store>&, kvsift::score_sets&) const {}
 };
 
-using bad = kvsift::method<kvsift::store::dense<float>, almost_a_scorer, kvsift::select::topk,
-                           kvsift::budget::uniform, kvsift::transfer::none, kvsift::trigger::never>;
+using bad = kvsift::method<kvsift::store::dense<float>,
+    kvsift::recipe<almost_a_scorer, kvsift::select::topk, kvsift::budget::uniform, kvsift::trigger::never>>;
 
 int main() {
   bad::params p{};

@@ -25,7 +25,8 @@
 namespace kvsift {
 
 template <KvStore Store, Exec E = exec::host>
-using dynamickv = method<Store, recipe<score::window_attention, select::topk, budget::dynamic_layer, trigger::never>, E>;
+using dynamickv =
+    method<Store, recipe<score::window_attention, select::topk, budget::dynamic_layer, trigger::never>, E>;
 
 // Params of dynamickv for an average budget of `budget` tokens per head-sequence (window
 // included; budget <= window is an error).

@@ -39,7 +39,8 @@
 namespace kvsift {
 
 template <KvStore Store, Exec E = exec::host>
-using lagkv = method<Store, recipe<score::lag_relative, select::partition_topk, budget::uniform, trigger::length>, E>;
+using lagkv =
+    method<Store, recipe<score::lag_relative, select::partition_topk, budget::uniform, trigger::length>, E>;
 
 // The composition's params with the same sink and lag in every part. Validation (at
 // construction, through can_implement): sink > 0, lag > 0, keep_fraction in (0, 1] with
