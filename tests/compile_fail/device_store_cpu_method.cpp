@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A store whose memory lives on the device cannot run the CPU lifecycle: the method says the
-// store must be host-accessible.
-// expect-error: needs a host-accessible Store
+// store's memory must be the Exec's (exec::host runs over host-accessible stores).
+// expect-error: the Store.s memory must be the Exec.s \(exec::host runs over host-accessible stores\)
 #include <kvsift/kvsift.hpp>
 
 #include <cstdint>
