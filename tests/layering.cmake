@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: Apache-2.0
+# Layering check: cmake -DINCLUDE=<include dir> -P layering.cmake
+# No header includes one from a layer above it. From the bottom:
+#   core/                      the data model, errors, views, the exec policy
+#   cpu/  io/                  the CPU algorithms; file formats
+#   concepts.hpp               the component concepts
+#   score/ select/ budget/ trigger/ domain/ roles/ store/ transfer/ attention/ calibrate/
+#                              the parts (they may include one another, never what is above)
+#   thrust/  cuda/             the device algorithms (over the parts' types)
+#   method/                    the shell, the schedules and the recipes (never thrust/ or cuda/:
+#                              the umbrella stays free of CCCL)
+#   kvsift.hpp                 the umbrella
+cmake_minimum_required(VERSION 3.25)
+if(NOT DEFINED INCLUDE)
+  message(FATAL_ERROR "layering.cmake: -DINCLUDE=... is required")
+endif()
+set(parts score select budget trigger domain roles store transfer attention calibrate)
+set(allowed_core core)
+set(allowed_cpu core cpu)
+set(allowed_io core io)
+set(allowed_parts core cpu io concepts.hpp ${parts})
+set(allowed_thrust core cpu io concepts.hpp ${parts} thrust)
+set(allowed_cuda core cpu io concepts.hpp ${parts} thrust cuda)
+set(allowed_method core cpu io concepts.hpp ${parts} method)
+set(allowed_concepts core concepts.hpp)
+
+file(GLOB_RECURSE headers RELATIVE "${INCLUDE}/kvsift" "${INCLUDE}/kvsift/*.hpp" "${INCLUDE}/kvsift/*.cuh")
+set(violations "")
+foreach(h ${headers})
+  string(REGEX MATCH "^[^/]+" layer "${h}")
+  if(layer STREQUAL "kvsift.hpp")
+    continue()
+  elseif(layer STREQUAL "concepts.hpp")
+    set(allowed ${allowed_concepts})
+  elseif(layer IN_LIST parts)
+    set(allowed ${allowed_parts})
+  elseif(DEFINED allowed_${layer})
+    set(allowed ${allowed_${layer}})
+  else()
+    list(APPEND violations "${h}: layer '${layer}' is not in the layering (tests/layering.cmake)")
+    continue()
+  endif()
+  file(STRINGS "${INCLUDE}/kvsift/${h}" includes REGEX "^[ ]*#[ ]*include[ ]*<kvsift/")
+  foreach(line ${includes})
+    string(REGEX REPLACE "^.*<kvsift/([^>]+)>.*$" "\\1" target "${line}")
+    string(REGEX MATCH "^[^/]+" target_layer "${target}")
+    if(NOT target_layer IN_LIST allowed)
+      list(JOIN allowed ", " allowed_text)
+      list(APPEND violations "${h} includes <kvsift/${target}>: '${layer}' may include only ${allowed_text}")
+    endif()
+  endforeach()
+endforeach()
+if(violations)
+  list(JOIN violations "\n  " text)
+  message(FATAL_ERROR "layering: a header includes one from a layer above it:\n  ${text}")
+endif()
+list(LENGTH headers count)
+message(STATUS "layering: ${count} headers, none includes a layer above its own")
