@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// roles::clusters — SyncKV's head roles (METHODS.md "SyncKV"): per layer the KV heads form
+// clusters, each with one representative (R-head) that keeps its whole KV; the other members
+// (followers) hold their representative's static ∪ dynamic sets.
+//
+//   place     the R-heads' last-query scores under the follower budget k (budget::synckv over the
+//             whole model): static = top floor(rho k), dynamic = ranks floor(rho k) .. k-1
+//             (select::static_dynamic), shared by the cluster (select::shared_by_cluster).
+//   refresh   (an anticipation, when trigger::stride fires) each R-head with followers ranks the
+//             PREFILL tokens outside its static set by this step's scores; the top k_dyn become
+//             the cluster's dynamic set (the decision); its followers' new prefill part is
+//             static ∪ dynamic.
+// Parameters: the roles (one cluster_roles per layer), rho, memory_fraction M.
+
+#include <kvsift/budget/synckv.hpp>
+#include <kvsift/cpu/attention_rows.hpp>
+#include <kvsift/roles/context.hpp>
+#include <kvsift/select/shared_by_cluster.hpp>
+#include <kvsift/select/static_dynamic.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <numeric>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace kvsift::roles {
+
+struct clusters {
+  struct params {
+    std::vector<select::cluster_roles> layers;  // [layers]
+    double rho = 0.5;
+    double memory_fraction = 0.3;
+  };
+  struct slot_state {  // per (request, layer)
+    budget::synckv_split split{};
+    bool anticipated = false;  // the last after_attention anticipated
+    std::vector<std::vector<std::int32_t>> static_pos, dynamic_pos;  // [clusters] positions
+  };
+  // An anticipation's outcome, per cluster with followers: (cluster, new dynamic set).
+  using decision = std::vector<std::pair<int, std::vector<std::int32_t>>>;
+  static constexpr bool scores_step = true;  // refresh reads the scorer's scores of q_t
+
+  params p;
+
+  // N = every KV head of the model, N_R = every representative.
+  [[nodiscard]] budget::synckv budgeter() const {
+    int heads = 0, reps = 0;
+    for (const auto& r : p.layers) {
+      heads += r.kv_heads();
+      reps += r.clusters();
+    }
+    return budget::synckv{{.heads = heads, .representatives = reps,
+                           .memory_fraction = p.memory_fraction, .rho = p.rho}};
+  }
+  [[nodiscard]] int followers() const {
+    int f = 0;
+    for (const auto& r : p.layers) {
+      for (int h = 0; h < r.kv_heads(); ++h) f += r.is_representative(h) ? 0 : 1;
+    }
+    return f;
+  }
+  template <class Trigger>
+  [[nodiscard]] int query_window(const Trigger&) const { return 0; }  // no past queries
+  [[nodiscard]] bool places() const { return followers() > 0; }  // all R-heads: nothing to place
+  void check_prompt(std::string_view, int) const {}
+  void start(slot_state& s, int layer) const {
+    s.anticipated = false;
+    s.static_pos.assign(static_cast<std::size_t>(p.layers[layer].clusters()), {});
+    s.dynamic_pos.assign(static_cast<std::size_t>(p.layers[layer].clusters()), {});
+  }
+
+  // Every head holds the whole prompt, so a slot means the same token in every head. R-heads
+  // split their own scores under k (followers score nothing: 0), every follower takes its
+  // representative's sets. kept[i]: the working set of ended[i]'s heads.
+  template <class Store>
+  void place(const Store& st, int layer, std::span<const int> ended, const score_sets& scores,
+             std::span<slot_state* const> states, std::vector<int>& layer_budgets,
+             std::vector<index_sets>& kept) const {
+    const auto& sh = st.shape();
+    const auto& roles = p.layers[layer];
+    const auto b = budgeter();
+    std::vector<int> budgets;
+    for (std::size_t i = 0; i < ended.size(); ++i) {
+      states[i]->split = b.split(st.host_length(ended[i], layer));
+      layer_budgets[layer] = states[i]->split.k;
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        budgets.push_back(roles.is_representative(h) ? states[i]->split.k : 0);
+      }
+    }
+    index_sets own_static, own_dynamic, st_sets, dyn_sets;
+    select::static_dynamic{{.rho = p.rho}}.split(scores, budgets, own_static, own_dynamic);
+    select::shared_by_cluster<>::share(roles, own_static, st_sets);
+    select::shared_by_cluster<>::share(roles, own_dynamic, dyn_sets);
+    kept.assign(ended.size(), {});
+    std::vector<std::int32_t> all, both;
+    for (std::size_t i = 0; i < ended.size(); ++i) {
+      auto& s = *states[i];
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const int seg = static_cast<int>(i) * sh.kv_heads + h;
+        const auto seq = sh.sequence(ended[i], layer, h);
+        if (roles.is_representative(h)) {
+          all.resize(static_cast<std::size_t>(st.length(seq)));
+          std::iota(all.begin(), all.end(), 0);
+          kept[i].push_back(all);
+          const int c = roles.assign[h];
+          for (const auto slot : st_sets[seg]) s.static_pos[c].push_back(st.position(seq, slot));
+          for (const auto slot : dyn_sets[seg]) s.dynamic_pos[c].push_back(st.position(seq, slot));
+        } else {
+          both.clear();
+          std::merge(st_sets[seg].begin(), st_sets[seg].end(), dyn_sets[seg].begin(),
+                     dyn_sets[seg].end(), std::back_inserter(both));
+          kept[i].push_back(both);
+        }
+      }
+    }
+  }
+
+  void begin_step(slot_state& s) const { s.anticipated = false; }
+  [[nodiscard]] bool refreshes(int layer) const {
+    const auto& roles = p.layers[layer];
+    for (int c = 0; c < roles.clusters(); ++c) {
+      if (roles.followers(c) > 0) return true;
+    }
+    return false;
+  }
+  // An anticipation of every firing request: emit(i, proposal) per request, in order.
+  template <class Store, class Trigger, class Emit>
+  void refresh(const Store& st, const Trigger&, const refresh_input& in,
+               std::span<slot_state* const> states, Emit&& emit) const {
+    const auto& sh = st.shape();
+    const auto& roles = p.layers[in.layer];
+    score_sets rep_scores;  // per firing request: one segment per cluster with followers
+    index_sets rep_static;
+    std::vector<int> limits, k_dyn;
+    for (std::size_t i = 0; i < in.requests.size(); ++i) {
+      const auto& s = *states[i];
+      for (int c = 0; c < roles.clusters(); ++c) {
+        if (roles.followers(c) == 0) continue;
+        const int rep = roles.representatives[c];
+        const auto seq = sh.sequence(in.requests[i], in.layer, rep);
+        rep_scores.push_back((*in.scores)[static_cast<int>(i) * sh.kv_heads + rep]);
+        std::vector<std::int32_t> slots;
+        for (const auto pos : s.static_pos[c]) slots.push_back(st.slot_of(seq, pos));
+        rep_static.push_back(slots);
+        limits.push_back(cpu::visible_slots(st, seq, in.prompt_end[i] - 1));
+        k_dyn.push_back(s.split.k_dynamic);
+      }
+    }
+    index_sets rep_dynamic;
+    select::static_dynamic{{.rho = p.rho}}.refresh(rep_scores, rep_static, limits, k_dyn, rep_dynamic);
+    int seg = 0;
+    for (std::size_t i = 0; i < in.requests.size(); ++i) {
+      const int r = in.requests[i];
+      const auto& s = *states[i];
+      proposal<decision> out;
+      for (int c = 0; c < roles.clusters(); ++c) {
+        if (roles.followers(c) == 0) continue;
+        const auto rep_seq = sh.sequence(r, in.layer, roles.representatives[c]);
+        auto& dyn = out.decision.emplace_back(c, std::vector<std::int32_t>{}).second;
+        for (const auto slot : rep_dynamic[seg]) dyn.push_back(st.position(rep_seq, slot));
+        ++seg;
+        std::vector<std::int32_t> part;
+        std::set_union(s.static_pos[c].begin(), s.static_pos[c].end(), dyn.begin(), dyn.end(),
+                       std::back_inserter(part));
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          if (roles.assign[h] != c || roles.is_representative(h)) continue;
+          out.parts.emplace_back(sh.sequence(r, in.layer, h), part);
+        }
+      }
+      emit(i, std::move(out));
+    }
+  }
+  // After a refresh's recall was submitted: the anticipation counts.
+  static int submitted(slot_state& s) {
+    s.anticipated = true;
+    return 1;
+  }
+  static void commit(slot_state& s, decision&& d) {
+    for (auto& [c, dyn] : d) s.dynamic_pos[c] = std::move(dyn);
+  }
+};
+
+}  // namespace kvsift::roles
