@@ -1,30 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// heterocache — HeteroCache (head roles, inverse-stability budgets, drift-triggered retrieval;
-// METHODS.md "HeteroCache", SPEC method.heterocache.prefill / method.heterocache.decode). A
-// recipe over the shell (method/method.hpp), two tiers:
-//
-//   store::tiered<T>            host pool = every token (write-through); working set = volatile
-//                               and pivot heads' whole KV, anchors' and satellites' caps
+// heterocache — HeteroCache (METHODS.md "HeteroCache", SPEC method.heterocache.prefill /
+// method.heterocache.decode). A recipe over the shell (method/method.hpp), two tiers:
+//   store::tiered<T>            host pool = every token; working set = volatile and pivot heads'
+//                               whole KV, anchors' and satellites' caps, decode tokens
 //   score::last_query_attention kernel 5 (avg), GQA max: the prompt's last query
 //   roles::stars                volatile / pivot heads full; anchors their own top cap_h,
 //                               satellites their pivot's top cap_s (budget::inverse_stability or
-//                               fixed caps; top k with cpu::topk_of, select::topk's tie rule);
-//                               pivots keep a reference set
-//   trigger::drift_median       a drift check at steps W, 2W, ...; per pivot the data trigger
-//                               trigger::drift_probe (median overlap of the last W queries' top
-//                               sets with the reference < tau_drift)
-//   schedule::deferred_recall   decide after step t, recall through transfer::async, install
-//                               at step t+1 (a stall when the copy is not done)
-//
-// Parameters (METHODS.md defaults): tau_stable 0.5 and tau_sim 0.5 (calibration's thresholds,
-// recorded here), tau_drift 0.5, drift_window W = 5, rho 0.5 (resident share of the prefill KV
-// over the whole model), kernel 5, roles (required: one layer_roles per layer); fixed replaces
-// the inverse-stability budget by given caps (SPEC method.heterocache.decode's cases).
-// Resident KV after prefill: F n + sum(cap) <= rho N n tokens (F volatile + pivot heads).
-// Cost per step: the attention over the plan; at a drift check O(W n d G) per pivot with
-// satellites; at a drift one recall of at most cap_s rows per satellite.
+//                               fixed caps; cpu::topk_of); pivots keep a reference set
+//   trigger::drift_median       a check at steps W, 2W, ...; per pivot the data trigger
+//                               trigger::drift_probe (median overlap < tau_drift)
+//   schedule::deferred_recall   decide after step t, recall through transfer::async, install at
+//                               step t+1 (a stall when the copy is not done)
+// Parameters: see params (METHODS.md defaults). Resident KV after prefill: F n + sum(cap) <=
+// rho N n (F volatile + pivot heads). Cost: at a drift check O(W n d G) per pivot with
+// satellites; at a drift one recall of <= cap_s rows per satellite.
 
 #include <kvsift/budget/inverse_stability.hpp>
 #include <kvsift/method/method.hpp>
@@ -40,21 +31,19 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace kvsift {
 
-// HeteroCache's own counters (method_stats has the transfer's bytes and stalls).
-struct heterocache_stats {
-  std::int64_t drift_checks = 0;   // pivot windows examined (one per pivot with satellites per check)
+struct heterocache_stats {  // HeteroCache's own counters (method_stats: bytes, stalls)
+  std::int64_t drift_checks = 0;   // pivot windows examined (per pivot with satellites, per check)
   std::int64_t drift_events = 0;   // of those, the ones that drifted (a retrieval was decided)
   std::int64_t rows_recalled = 0;  // satellite rows the retrievals asked the host pool for
 };
 
 struct heterocache_recipe {
   using scorer = kvsift::score::last_query_attention;
-  using selector = kvsift::select::topk;
+  using selector = kvsift::select::topk;  // names the part; roles::stars picks with cpu::topk_of
   using budgeter = kvsift::budget::inverse_stability;
   using trigger = kvsift::trigger::drift_median;
   using roles = kvsift::roles::stars;
@@ -63,7 +52,6 @@ struct heterocache_recipe {
   static constexpr std::string_view paper = "HeteroCache";
   using layer_roles = kvsift::roles::stars::layer_roles;
   using fixed_budget = kvsift::roles::stars::fixed_budget;
-
   struct params {
     double tau_stable = 0.5;  // calibration's anchor threshold (recorded)
     double tau_sim = 0.5;     // calibration's similarity threshold (recorded)
@@ -84,19 +72,19 @@ struct heterocache_recipe {
   static parts make_parts(const params& p) {
     roles r{{p.roles, p.rho, p.kernel, p.fixed}};
     budgeter b{{r.roles_flat, r.stability_flat, r.kv_heads(), p.rho}};
-    return {scorer_of(p), selector{}, std::move(b), trigger_of(p), std::move(r)};
+    return {scorer{{.kernel = p.kernel, .pool = pooling::avg, .gqa = gqa_reduce::max}},
+            selector{}, std::move(b), trigger{{.window = p.drift_window, .tau_drift = p.tau_drift}},
+            std::move(r)};
   }
-
   // Validates params against a model shape without touching any store; throws kvsift::error
   // (infeasible roles name the layer, the count of full-KV heads and the rho that would work).
   static void can_implement(const model_shape& shape, const params& p) {
     shape.validate(name);
-    trigger_of(p).validate(name);
-    scorer_of(p).validate(name);
+    trigger{{.window = p.drift_window, .tau_drift = p.tau_drift}}.validate(name);
+    scorer{{.kernel = p.kernel, .pool = pooling::avg, .gqa = gqa_reduce::max}}.validate(name);
     require(std::isfinite(p.rho) && p.rho >= 0.0 && p.rho <= 1.0, name, "rho", p.rho, "in [0, 1]");
     roles::check(shape, p.roles, p.fixed, p.rho, name);
   }
-
   // HeteroCache's own accessors on the method (per-head state: once the prompt of (request,
   // layer) ended, until reset(); kvsift::error before, after and for a head out of range).
   template <class M>
@@ -104,70 +92,55 @@ struct heterocache_recipe {
     using role = calibrate::head_role;
     using layer_roles = heterocache_recipe::layer_roles;
     using fixed_budget = heterocache_recipe::fixed_budget;
-    // Any roles file with `.layers[l].roles / .leader / .stability` (calibrate::heterocache_roles).
-    template <class Roles>
-    [[nodiscard]] static std::vector<layer_roles> roles_from(const Roles& file) {
-      return roles::from_file(file);
-    }
-    // base and the caps of the whole model ([layers * kv_heads]) for a prompt of n tokens.
-    [[nodiscard]] budget::heterocache_caps budget(int n) const { return self().parts().roles.budget(n); }
+    template <class Roles>  // a roles file (calibrate::heterocache_roles) -> params::roles
+    [[nodiscard]] static auto roles_from(const Roles& file) { return roles::from_file(file); }
+    [[nodiscard]] auto budget(int n) const { return self().parts().roles.budget(n); }  // base, caps
     [[nodiscard]] std::int32_t prompt_end(int request, int layer) const {
       return at("heterocache.prompt_end", request, layer).prompt_end;
     }
-    [[nodiscard]] int base(int request, int layer) const { return placed("heterocache.base", request, layer, 0).base; }
-    [[nodiscard]] int cap(int request, int layer, int head) const {
-      return placed("heterocache.cap", request, layer, head).cap[static_cast<std::size_t>(head)];
-    }
+    [[nodiscard]] int base(int r, int l) const { return placed("heterocache.base", r, l, 0).base; }
+    [[nodiscard]] int cap(int r, int l, int h) const { return placed("heterocache.cap", r, l, h).cap[h]; }
     // A pivot's reference set (original positions, ascending; empty for other heads); a drift's
     // new reference shows once the next decode() installed the satellites' retrieval.
-    [[nodiscard]] std::span<const std::int32_t> reference(int request, int layer, int head) const {
-      return placed("heterocache.reference", request, layer, head).reference[static_cast<std::size_t>(head)];
+    [[nodiscard]] std::span<const std::int32_t> reference(int r, int l, int h) const {
+      return placed("heterocache.reference", r, l, h).reference[h];
     }
     // The last after_attention's check per KV head: median overlap (-1 where none ran), drift.
-    [[nodiscard]] double drift_median(int request, int layer, int head) const {
-      return placed("heterocache.drift_median", request, layer, head).median[static_cast<std::size_t>(head)];
+    [[nodiscard]] double drift_median(int r, int l, int h) const {
+      return placed("heterocache.drift_median", r, l, h).median[h];
     }
-    [[nodiscard]] bool drifted(int request, int layer, int head) const {
-      return placed("heterocache.drifted", request, layer, head).drift[static_cast<std::size_t>(head)] != 0;
+    [[nodiscard]] bool drifted(int r, int l, int h) const {
+      return placed("heterocache.drifted", r, l, h).drift[h] != 0;
     }
-    [[nodiscard]] bool recall_pending(int request, int layer) const {
-      const auto& s = self().schedule_state();
-      return s.recall_pending(s.checked_slot(self(), "heterocache.recall_pending", request, layer));
+    [[nodiscard]] bool recall_pending(int r, int l) const {
+      return state().recall_pending(slot("heterocache.recall_pending", r, l));
     }
-    [[nodiscard]] bool recall_in_flight(int request, int layer) const {
-      const auto& s = self().schedule_state();
-      return s.recall_in_flight(s.checked_slot(self(), "heterocache.recall_in_flight", request, layer));
+    [[nodiscard]] bool recall_in_flight(int r, int l) const {
+      return state().recall_in_flight(slot("heterocache.recall_in_flight", r, l));
     }
-    // Drift checks, drift events and recalled rows since construction.
-    [[nodiscard]] heterocache_stats drift_stats() const {
-      const auto& s = self().schedule_state();
-      return {s.checks(), s.refreshes(), s.rows_recalled()};
+    [[nodiscard]] heterocache_stats drift_stats() const {  // since construction
+      return {state().checks(), state().refreshes(), state().rows_recalled()};
     }
 
    private:
     const M& self() const { return static_cast<const M&>(*this); }
-    const auto& at(std::string_view where, int request, int layer) const {
-      const auto& s = self().schedule_state();
-      return s.at(s.checked_slot(self(), where, request, layer));
+    const auto& state() const { return self().schedule_state(); }
+    std::size_t slot(std::string_view where, int r, int l) const {
+      return state().checked_slot(self(), where, r, l);
+    }
+    const auto& at(std::string_view where, int r, int l) const {
+      return state().at(slot(where, r, l));
     }
     const auto& placed(std::string_view where, int request, int layer, int head) const {
       const auto& st = at(where, request, layer);
       const int H = self().store().shape().kv_heads;
-      require(st.prompt_end >= 0, where, "request", request,
-              "a request whose prompt ended on this layer (its per-head state exists from then until reset())");
+      require(st.prompt_end >= 0, where, "request", request, "a request whose prompt ended on this "
+              "layer (its per-head state exists from then until reset())");
       require(head >= 0 && head < H, where, "head", head,
               [&] { return "a KV head in [0, " + std::to_string(H) + ")"; });
       return st.roles;
     }
   };
-
- private:
-  static scorer scorer_of(const params& p) {
-    return scorer{{.kernel = p.kernel, .pool = pooling::avg, .gqa = gqa_reduce::max}};
-  }
-  static trigger trigger_of(const params& p) {
-    return trigger{{.window = p.drift_window, .tau_drift = p.tau_drift}};
-  }
 };
 
 template <Element T, Exec E = exec::host>

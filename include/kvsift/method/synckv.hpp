@@ -1,27 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// synckv — SyncKV (Zhou et al., 2025, "SyncKV: Synchronized KV cache compression with
-// representative heads and periodic anticipation"; METHODS.md "SyncKV", SPEC
-// method.synckv.decode). A recipe over the shell (method/method.hpp), two tiers:
-//
-//   store::tiered<T>            host pool = every token (write-through); working set = R-heads'
-//                               whole KV, followers' static ∪ dynamic ∪ decode tokens
-//   score::last_query_attention kernel 1, GQA max: the prompt's last query, and q_t at an
-//                               anticipation
+// synckv — SyncKV (Zhou et al., 2025; METHODS.md "SyncKV", SPEC method.synckv.decode). A recipe
+// over the shell (method/method.hpp), two tiers:
+//   store::tiered<T>            host pool = every token; working set = R-heads' whole KV,
+//                               followers' static ∪ dynamic ∪ decode tokens
+//   score::last_query_attention kernel 1, GQA max: the prompt's last query; q_t when anticipating
 //   roles::clusters             R-heads full; followers share their representative's sets
 //                               (select::static_dynamic under budget::synckv, shared by
 //                               select::shared_by_cluster); an anticipation re-ranks the prefill
 //                               tokens outside the static set
 //   trigger::stride             anticipation at steps m, 2m, ...
-//   schedule::deferred_recall   decide after step t, recall through transfer::async, install
-//                               at step t+1 (a stall when the copy is not done)
-//
+//   schedule::deferred_recall   decide after step t, recall through transfer::async, install at
+//                               step t+1 (a stall when the copy is not done)
 // Parameters (paper defaults): clusters N_r = 2, stride m = 5, rho = 0.5, memory_fraction M = 0.3
-// (device-resident share of the prefill KV), roles (required: one cluster_roles per layer, each
-// with N_r clusters). Resident KV after prefill: N_R n + (N - N_R) k <= M N n tokens.
-// Cost per step: the attention over the plan; at an anticipation O((n + t) d G) per R-head with
-// followers plus one recall of at most k_dyn rows per follower.
+// (device-resident share of the prefill KV), roles (one cluster_roles per layer, N_r clusters
+// each). Resident KV after prefill: N_R n + (N - N_R) k <= M N n tokens. Cost per step: the
+// attention over the plan; at an anticipation O((n + t) d G) per R-head with followers plus one
+// recall of at most k_dyn rows per follower.
 
 #include <kvsift/budget/synckv.hpp>
 #include <kvsift/method/method.hpp>
@@ -35,7 +31,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace kvsift {
@@ -108,12 +103,10 @@ struct synckv_recipe {
     }
     // Whether an anticipation's recall is decided and not yet installed / not yet copied.
     [[nodiscard]] bool recall_pending(int request, int layer) const {
-      const auto& s = self().schedule_state();
-      return s.recall_pending(s.checked_slot(self(), "synckv.recall_pending", request, layer));
+      return self().schedule_state().recall_pending(slot("synckv.recall_pending", request, layer));
     }
     [[nodiscard]] bool recall_in_flight(int request, int layer) const {
-      const auto& s = self().schedule_state();
-      return s.recall_in_flight(s.checked_slot(self(), "synckv.recall_in_flight", request, layer));
+      return self().schedule_state().recall_in_flight(slot("synckv.recall_in_flight", request, layer));
     }
     // Cluster c's static / dynamic set (original positions, ascending) as its followers hold
     // them: an anticipation's dynamic set shows once the next decode() installed its recall.
@@ -127,9 +120,11 @@ struct synckv_recipe {
 
    private:
     const M& self() const { return static_cast<const M&>(*this); }
-    const auto& at(std::string_view where, int request, int layer) const {
-      const auto& s = self().schedule_state();
-      return s.at(s.checked_slot(self(), where, request, layer));
+    std::size_t slot(std::string_view where, int r, int l) const {
+      return self().schedule_state().checked_slot(self(), where, r, l);
+    }
+    const auto& at(std::string_view where, int r, int l) const {
+      return self().schedule_state().at(slot(where, r, l));
     }
     const auto& placed(std::string_view where, int request, int layer, int c) const {
       const auto& st = at(where, request, layer);
@@ -146,16 +141,10 @@ template <Element T, Exec E = exec::host>
 using synckv = method<store::tiered<T>, synckv_recipe, E>;
 
 // Per-layer cluster roles from a head-roles file (calibrate::synckv_roles, or any type whose
-// `layers[l]` has `assign` and `representatives`), for synckv<T>::params::roles. Kept generic so
-// this header does not pull the JSON reader in.
+// `layers[l]` has `assign` and `representatives`), for synckv<T>::params::roles.
 template <class Roles>
 std::vector<select::cluster_roles> synckv_roles_of(const Roles& roles) {
-  std::vector<select::cluster_roles> out;
-  for (const auto& l : roles.layers) {
-    out.push_back({std::vector<int>(l.assign.begin(), l.assign.end()),
-                   std::vector<int>(l.representatives.begin(), l.representatives.end())});
-  }
-  return out;
+  return kvsift::roles::clusters::from_file(roles);
 }
 
 }  // namespace kvsift

@@ -48,6 +48,17 @@ struct clusters {
 
   params p;
 
+  // Per-layer cluster roles from a roles file (any type whose `layers[l]` has `assign` and
+  // `representatives`: calibrate::synckv_roles).
+  template <class Roles>
+  [[nodiscard]] static std::vector<select::cluster_roles> from_file(const Roles& file) {
+    std::vector<select::cluster_roles> out;
+    for (const auto& l : file.layers) {
+      out.push_back({std::vector<int>(l.assign.begin(), l.assign.end()),
+                     std::vector<int>(l.representatives.begin(), l.representatives.end())});
+    }
+    return out;
+  }
   // N = every KV head of the model, N_R = every representative.
   [[nodiscard]] budget::synckv budgeter() const {
     int heads = 0, reps = 0;
