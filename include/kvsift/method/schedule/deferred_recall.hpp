@@ -49,6 +49,10 @@ struct schedule::deferred_recall {
 
 template <class Store, class Recipe>
 class schedule::deferred_recall::state {
+  static_assert(Recipe::scorer::needs_queries,
+                "kvsift::schedule::deferred_recall: head roles place and follow a leader's scores "
+                "of the prompt's last query and of decode queries: compose it with a scorer that "
+                "reads queries");
   using T = typename Store::element_type;
   using roles_type = typename Recipe::roles;
   using role_state = typename roles_type::slot_state;

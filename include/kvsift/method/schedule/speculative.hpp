@@ -49,6 +49,13 @@ struct schedule::speculative {
 
 template <class Store, class Recipe>
 class schedule::speculative::state {
+  static_assert(requires(typename Recipe::trigger& t, const float* q) {
+                  { t.observe(std::int64_t{0}, q, 1, 1).correct } -> std::convertible_to<bool>;
+                  t.forget(std::int64_t{0});
+                },
+                "kvsift::schedule::speculative: its trigger decides per KV head from the step's "
+                "query: compose it with a data trigger that has observe(key, q, group, d) and "
+                "forget(key) (trigger::query_cosine)");
   using T = typename Store::element_type;
   using pages_t = std::vector<std::vector<std::int32_t>>;  // [kv_heads] ascending pages
   struct decision {
