@@ -215,52 +215,6 @@ class pending_recalls {
   std::vector<typename transfer::async<T>::ticket> discarded_;  // discard()ed, still running
 };
 
-// Validates a prefill call of a method over store::tiered that scores the prompt's last query
-// (SyncKV, HeteroCache), before anything is appended: each chunk's shapes, the last chunk's
-// query, ascending positions across a request's chunks, and room in the host pool for all of
-// them. `prompt_open(request)` says whether the request's prompt has not ended on this layer.
-// Returns the tokens each request adds ([requests]).
-template <Element T, class PromptOpen>
-std::vector<int> check_prefill_chunks(const store::tiered<T>& st, int layer,
-                                      std::span<const prefill_chunk<T>> chunks,
-                                      std::string_view where, std::string_view who,
-                                      PromptOpen&& prompt_open) {
-  const auto& sh = st.shape();
-  std::vector<std::int32_t> next(static_cast<std::size_t>(st.requests()), -1);
-  std::vector<int> added(static_cast<std::size_t>(st.requests()), 0);
-  std::vector<char> ended(static_cast<std::size_t>(st.requests()), 0);  // its `last` chunk seen
-  for (const auto& c : chunks) {
-    st.check_request_layer(where, c.request, layer);
-    require(prompt_open(c.request), where, "request", c.request,
-            "a request whose prompt has not ended on this layer (reset() it first)");
-    require(!ended[c.request], where, "request", c.request,
-            "no chunk after the request's `last` chunk in the same call (its prompt ends there)");
-    ended[c.request] = c.last ? 1 : 0;
-    c.keys.validate(where, "keys", sh.kv_heads, sh.head_dim);
-    c.values.validate(where, "values", sh.kv_heads, sh.head_dim);
-    require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens,
-            "keys.tokens (" + std::to_string(c.keys.tokens) + ")");
-    require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
-    if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
-    require(c.queries.tokens <= c.keys.tokens, where, "queries.tokens", c.queries.tokens,
-            "<= keys.tokens (the chunk's newest queries)");
-    require_finite(where, c, true);  // after every view and token count is checked: it reads them
-    if (c.last) {
-      require(c.queries.tokens >= 1, where, "queries.tokens", c.queries.tokens,
-              ">= 1 on the last chunk: " + std::string(who) + " scores the prompt's last query");
-    }
-    const auto first = next[c.request] >= 0 ? next[c.request] : st.next_position(c.request, layer);
-    require(c.first_position >= first, where, "first_position", c.first_position,
-            ">= " + std::to_string(first));
-    added[c.request] += c.keys.tokens;
-    const int room = st.host_capacity() - st.host_length(c.request, layer);
-    require(added[c.request] <= room, where, "keys.tokens", c.keys.tokens,
-            "<= the room left in the host pool (" + std::to_string(room) + ")");
-    next[c.request] = c.first_position + c.keys.tokens;
-  }
-  return added;
-}
-
 // The plan of a step that reads every resident token of each head-sequence of `plan.requests`
 // (SyncKV and HeteroCache: the working set is what each head reads), slots and positions.
 template <Element T>
@@ -288,18 +242,6 @@ void plan_whole_working_set(const store::tiered<T>& st, int layer, attention_pla
     auto pos = plan.positions[s];
     std::iota(slots.begin(), slots.end(), 0);
     for (std::size_t i = 0; i < slots.size(); ++i) pos[i] = st.position(seq, slots[i]);
-  }
-}
-
-// The library's reference attention over a step's plan: out [tokens.size(), q_heads, d].
-template <Element T>
-void attend_over_plan(const store::tiered<T>& st, int layer, std::span<const decode_token<T>> tokens,
-                      const attention_plan& plan, float* out) {
-  const auto& sh = st.shape();
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    attention::attend_plan(st, tokens[i].request, layer, tokens[i].query, plan.slots,
-                           out + i * static_cast<std::size_t>(sh.q_heads) * sh.head_dim,
-                           static_cast<int>(i) * sh.kv_heads);
   }
 }
 
