@@ -11,11 +11,14 @@ list(APPEND KVSIFT_CONFORMANCE_KINDS calibrate.topk_sets calibrate.overlap calib
 list(APPEND KVSIFT_CONFORMANCE_KINDS score.freekv_pages method.freekv.select trigger.query_cosine method.freekv.decode)
 list(APPEND KVSIFT_CONFORMANCE_KINDS budget.heterocache method.heterocache.prefill method.heterocache.decode)
 
-# The kinds with a Thrust path (tests/conformance/thrust/kinds_thrust.cpp), run by ctest with
+# The kinds with a Thrust path (tests/conformance/thrust/kinds_thrust*.cpp), run by ctest with
 # `--backend thrust` under Thrust's CPP and OMP systems (label conformance;thrust). Every other
 # kind reports "no thrust path" there. Must equal `kvsift-conformance-thrust-cpp --list-kinds
-# --backend thrust` (test conformance.thrust.<sys>.kinds).
+# --backend thrust` (test conformance.thrust.<sys>.kinds). The budget.* kinds other than
+# budget.dynamickv are host arithmetic on every backend (tests/conformance/kinds_host.hpp).
 set(KVSIFT_CONFORMANCE_THRUST_KINDS
-    select.topk score.snapkv method.snapkv.prefill method.pyramidkv.prefill
+    attention.decode select.topk score.snapkv method.snapkv.prefill method.pyramidkv.prefill
+    score.h2o_prefill method.h2o.prefill method.streaming_llm.prefill
     score.quest_pages method.quest.select score.lagkv method.lagkv.prefill score.freekv_pages
-    method.freekv.select)
+    method.freekv.select trigger.query_cosine method.dynamickv.prefill budget.dynamickv
+    budget.fraction budget.pyramidkv budget.synckv budget.heterocache)

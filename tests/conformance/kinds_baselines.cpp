@@ -5,6 +5,7 @@
 // method/baselines.hpp, prefill(layer, chunk), then decode / attend / after_attention per step.
 // Component kinds (score.*, select.topk, budget.pyramidkv) call the component directly.
 
+#include "kinds_host.hpp"
 #include "runner.hpp"
 
 #include <kvsift/attention/reference.hpp>
@@ -22,6 +23,23 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+namespace kvsift::conformance {
+
+// Host arithmetic on every backend (kinds_host.hpp).
+void budget_pyramidkv_kind(const case_data& c, outputs& out) {
+  const int n = param(c, "n"), C = param(c, "budget"), w = param(c, "window"),
+            L = param(c, "layers"), beta = param(c, "beta");
+  std::vector<std::int32_t> past, kept;
+  for (int l = 0; l < L; ++l) {
+    past.push_back(kvsift::budget::pyramid_past_budget(n, C, w, l, L, beta));
+    kept.push_back(n < C ? n : past.back() + w);
+  }
+  out.put_i32("past_budget", {L}, std::move(past));
+  out.put_i32("kept_count", {L}, std::move(kept));
+}
+
+}  // namespace kvsift::conformance
 
 namespace {
 namespace kc = kvsift::conformance;
@@ -219,18 +237,7 @@ const kc::registrar method_snapkv_prefill{
       put_kept(st, 0, out);
     }};
 
-const kc::registrar budget_pyramidkv{
-    "budget.pyramidkv", [](const kc::case_data& c, kc::outputs& out) {
-      const int n = param(c, "n"), C = param(c, "budget"), w = param(c, "window"),
-                L = param(c, "layers"), beta = param(c, "beta");
-      std::vector<std::int32_t> past, kept;
-      for (int l = 0; l < L; ++l) {
-        past.push_back(kvsift::budget::pyramid_past_budget(n, C, w, l, L, beta));
-        kept.push_back(n < C ? n : past.back() + w);
-      }
-      out.put_i32("past_budget", {L}, std::move(past));
-      out.put_i32("kept_count", {L}, std::move(kept));
-    }};
+const kc::registrar budget_pyramidkv{"budget.pyramidkv", kc::budget_pyramidkv_kind};
 
 const kc::registrar method_pyramidkv_prefill{
     "method.pyramidkv.prefill", [](const kc::case_data& c, kc::outputs& out) {

@@ -6,6 +6,7 @@
 // prefill(layer, chunk) with the last prefill query, then decode / attend / after_attention per
 // step, as an engine would call them.
 
+#include "kinds_host.hpp"
 #include "runner.hpp"
 
 #include <kvsift/budget/inverse_stability.hpp>
@@ -16,6 +17,24 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+namespace kvsift::conformance {
+
+// Host arithmetic on every backend (kinds_host.hpp).
+void budget_heterocache_kind(const case_data& c, outputs& out) {
+  using role = kvsift::calibrate::head_role;
+  const auto& roles = c.in("roles");
+  const auto& stab = c.in("stability");
+  const int L = dim(roles, 0), H = dim(roles, 1);
+  std::vector<role> r;
+  for (const auto v : roles.i32) r.push_back(static_cast<role>(v));
+  const auto caps =
+      kvsift::budget::inverse_stability_caps(r, stab.f32, H, param(c, "n"), c.param_d("rho"));
+  out.put_i32("base", {1}, {caps.base});
+  out.put_i32("cap", {L, H}, {caps.cap.begin(), caps.cap.end()});
+}
+
+}  // namespace kvsift::conformance
 
 namespace {
 namespace kc = kvsift::conformance;
@@ -42,18 +61,7 @@ method::layer_roles layer_of(const std::vector<std::int32_t>& codes,
   return x;
 }
 
-const kc::registrar budget_heterocache{
-    "budget.heterocache", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& roles = c.in("roles");
-      const auto& stab = c.in("stability");
-      const int L = dim(roles, 0), H = dim(roles, 1);
-      std::vector<role> r;
-      for (const auto v : roles.i32) r.push_back(static_cast<role>(v));
-      const auto caps = kvsift::budget::inverse_stability_caps(r, stab.f32, H, param(c, "n"),
-                                                               c.param_d("rho"));
-      out.put_i32("base", {1}, {caps.base});
-      out.put_i32("cap", {L, H}, {caps.cap.begin(), caps.cap.end()});
-    }};
+const kc::registrar budget_heterocache{"budget.heterocache", kc::budget_heterocache_kind};
 
 const kc::registrar method_heterocache_prefill{
     "method.heterocache.prefill", [](const kc::case_data& c, kc::outputs& out) {

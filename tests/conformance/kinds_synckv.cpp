@@ -4,6 +4,7 @@
 // store::tiered<float> and transfer::async<float> — prefill(layer, chunk) with the last prefill
 // query, then decode / attend / after_attention per step, as an engine would call them.
 
+#include "kinds_host.hpp"
 #include "runner.hpp"
 
 #include <kvsift/budget/synckv.hpp>
@@ -14,21 +15,27 @@
 #include <string>
 #include <vector>
 
+namespace kvsift::conformance {
+
+// Host arithmetic on every backend (kinds_host.hpp).
+void budget_synckv_kind(const case_data& c, outputs& out) {
+  const auto s = kvsift::budget::synckv_budget(param(c, "heads"), param(c, "representatives"),
+                                               param(c, "n"), c.param_d("memory_fraction"),
+                                               c.param_d("rho"));
+  out.put_i32("k", {1}, {s.k});
+  out.put_i32("k_static", {1}, {s.k_static});
+  out.put_i32("k_dynamic", {1}, {s.k_dynamic});
+}
+
+}  // namespace kvsift::conformance
+
 namespace {
 namespace kc = kvsift::conformance;
 using kc::dim;
 using kc::head_major;
 using kc::param;
 
-const kc::registrar budget_synckv{
-    "budget.synckv", [](const kc::case_data& c, kc::outputs& out) {
-      const auto s = kvsift::budget::synckv_budget(param(c, "heads"), param(c, "representatives"),
-                                                   param(c, "n"), c.param_d("memory_fraction"),
-                                                   c.param_d("rho"));
-      out.put_i32("k", {1}, {s.k});
-      out.put_i32("k_static", {1}, {s.k_static});
-      out.put_i32("k_dynamic", {1}, {s.k_dynamic});
-    }};
+const kc::registrar budget_synckv{"budget.synckv", kc::budget_synckv_kind};
 
 const kc::registrar method_synckv_decode{
     "method.synckv.decode", [](const kc::case_data& c, kc::outputs& out) {

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+// Thrust handlers of the baseline kinds beyond SnapKV / PyramidKV / Quest (kinds_thrust.cpp):
+// attention.decode (thrust::attention_over), score.h2o_prefill (thrust::
+// cumulative_attention_scores), method.h2o.prefill and method.streaming_llm.prefill (scorer ->
+// uniform budget -> device_topk with the method's protected tokens -> gather_kept, as
+// kinds_thrust.cpp composes method.snapkv.prefill). The only host library code is parameter
+// arithmetic: select::topk::window_for (H2O's recent half, window_share 0.5 as h2o_params sets
+// it). See kinds_thrust.cpp for the conventions.
+
+#include "helpers.hpp"
+
+#include <kvsift/select/topk.hpp>
+#include <kvsift/thrust/attention.hpp>
+#include <kvsift/thrust/cumulative_attention.hpp>
+#include <kvsift/thrust/recency.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+using namespace kvsift::conformance::thrust_kinds;  // kc, kt, dvec, device_topk, gather_kept, ...
+
+// ---- attention.decode: attention_over -------------------------------------------------------
+
+const kc::registrar attention_decode{
+    kc::backend::thrust, "attention.decode", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& q = c.in("queries");
+      const auto& k = c.in("keys");
+      const auto& v = c.in("values");
+      const int hq = dim(q, 0), nq = dim(q, 1), d = dim(q, 2), h = dim(k, 0), n = dim(k, 1);
+      kvsift::require(h > 0 && hq == param(c, "G") * h, "attention.decode", "G", param(c, "G"),
+                      "q_heads / kv_heads");
+      const int G = hq / h;
+      const auto exec = ::thrust::device;
+      const dvec<float> kd = to_device(k.f32), vd = to_device(v.f32);
+      const dvec<float> qd = to_device(swap_outer(q.f32.data(), hq, nq, d));  // [nq, Hq, d]
+      const dvec<i32> offsets = to_device(uniform_offsets(h, n));
+      const dvec<i32> first = to_device(std::vector<i32>{n - nq});
+      const kt::segmented_rows<float> keys{raw(kd), raw(offsets), nullptr, 0, h, d};
+      const kt::segmented_rows<float> values{raw(vd), raw(offsets), nullptr, 0, h, d};
+      const kt::window_queries wq{raw(qd), raw(first), nq, h, G};
+      const std::int64_t N = static_cast<std::int64_t>(h) * n;
+      dvec<i32> plan, plan_offsets;
+      kt::attention_plan p{};
+      std::int64_t M = N;
+      if (c.has_input("kept")) {  // a query sees only its KV head's kept keys
+        plan = to_device(c.in("kept").i32);
+        plan_offsets = to_device(c.in("kept_offsets").i32);
+        if (static_cast<int>(plan_offsets.size()) != h + 1) {
+          throw kc::runner_error("kept_offsets: one set per KV head expected");
+        }
+        p = {raw(plan_offsets), raw(plan)};
+        M = static_cast<std::int64_t>(plan.size());
+      }
+      dvec<float> o(static_cast<std::size_t>(nq) * hq * d);
+      dvec<float> w(static_cast<std::size_t>(N) * G * nq);  // [H][G][nq][n] = [Hq, nq, n]
+      dvec<unsigned char> ws(kt::attention_workspace_bytes(M, G, nq));
+      kt::attention_over(exec, keys, values, wq, p, N, M, raw(o), raw(w), raw(ws), ws.size());
+      out.put_f32("weights", {hq, nq, n}, to_host(w));
+      const auto oh = to_host(o);  // [nq, Hq, d] -> [Hq, nq, d]
+      out.put_f32("out", {hq, nq, d}, swap_outer(oh.data(), nq, hq, d));
+    }};
+
+// ---- H2O: cumulative_attention_scores ----------------------------------------------------------
+
+// H2O prefill scores of the H KV heads of one request: queries [Hq, nq, d] at n - nq .. n - 1.
+dvec<float> h2o_scores(const kc::case_data& c) {
+  const auto& q = c.in("queries");
+  const auto& k = c.in("keys");
+  const int hq = dim(q, 0), nq = dim(q, 1), d = dim(q, 2), h = dim(k, 0), n = dim(k, 1);
+  const auto exec = ::thrust::device;
+  const dvec<float> kd = to_device(k.f32);
+  const dvec<float> qd = to_device(swap_outer(q.f32.data(), hq, nq, d));  // [nq, Hq, d]
+  const dvec<i32> offsets = to_device(uniform_offsets(h, n));
+  const dvec<i32> first = to_device(std::vector<i32>{n - nq});
+  const kt::segmented_rows<float> keys{raw(kd), raw(offsets), nullptr, 0, h, d};
+  const kt::window_queries wq{raw(qd), raw(first), nq, h, hq / h};
+  const std::int64_t N = static_cast<std::int64_t>(h) * n;
+  dvec<float> scores(static_cast<std::size_t>(N));
+  dvec<unsigned char> ws(kt::cumulative_attention_workspace_bytes(N, h, hq / h, nq));
+  kt::cumulative_attention_scores(exec, keys, wq, N, kvsift::parse_gqa_reduce(c.param_s("gqa")),
+                                  raw(scores), raw(ws), ws.size());
+  return scores;
+}
+
+const kc::registrar score_h2o_prefill{
+    kc::backend::thrust, "score.h2o_prefill", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& k = c.in("keys");
+      out.put_f32("scores", {dim(k, 0), dim(k, 1)}, to_host(h2o_scores(c)));
+    }};
+
+const kc::registrar method_h2o_prefill{
+    kc::backend::thrust, "method.h2o.prefill", [](const kc::case_data& c, kc::outputs& out) {
+      const auto& k = c.in("keys");
+      const int h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
+      const int B = param(c, "budget");
+      // H2O's recent half: window floor(B / 2) (h2o_params: window_share 0.5), no sink
+      const kvsift::select::topk sel{{.window_share = 0.5}};
+      sel.validate("method.h2o.prefill");
+      const std::vector<i32> budgets(static_cast<std::size_t>(h), B);
+      const std::vector<i32> window(static_cast<std::size_t>(h), sel.window_for(B));
+      const auto scores = h2o_scores(c);
+      const dvec<float> keys = to_device(k.f32);
+      const auto kept =
+          device_topk(scores, to_device(uniform_offsets(h, n)), h, budgets, 0, window);
+      const auto sets = gather_kept(keys, h, n, d, kept);
+      put_dense(out, "kept", sets.offsets, sets.values);
+    }};
+
+// ---- StreamingLLM: recency_scores ---------------------------------------------------------------
+
+const kc::registrar method_streaming_llm_prefill{
+    kc::backend::thrust, "method.streaming_llm.prefill",
+    [](const kc::case_data& c, kc::outputs& out) {
+      const int n = param(c, "n"), B = param(c, "budget"), S = param(c, "sink");
+      // One head of n tokens: the kept set does not depend on the keys (zeros, d = 1). Scores are
+      // positions, so the top B - S past the protected sink are the newest tokens.
+      const dvec<i32> offsets = to_device(uniform_offsets(1, n));
+      dvec<float> scores(static_cast<std::size_t>(n));
+      kt::recency_scores(::thrust::device, raw(offsets), nullptr, 1, n, raw(scores));
+      const auto kept = device_topk(scores, offsets, 1, {B}, S, {0});
+      const dvec<float> keys(static_cast<std::size_t>(n), 0.0f);
+      const auto sets = gather_kept(keys, 1, n, 1, kept);
+      out.put_i32("kept", {static_cast<std::int64_t>(sets.values.size())}, sets.values);
+    }};
+
+}  // namespace
