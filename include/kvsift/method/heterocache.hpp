@@ -8,7 +8,8 @@
 //   score::last_query_attention kernel 5 (avg), GQA max: the prompt's last query
 //   roles::stars                volatile / pivot heads full; anchors their own top cap_h,
 //                               satellites their pivot's top cap_s (budget::inverse_stability or
-//                               fixed caps; cpu::topk_of); pivots keep a reference set
+//                               fixed caps; anchors through select::topk); pivots keep a
+//                               reference set
 //   trigger::drift_median       a check at steps W, 2W, ...; per pivot the data trigger
 //                               trigger::drift_probe (median overlap < tau_drift)
 //   schedule::deferred_recall   decide after step t, recall through transfer::async, install at
@@ -43,7 +44,7 @@ struct heterocache_stats {  // HeteroCache's own counters (method_stats: bytes, 
 
 struct heterocache_recipe {
   using scorer = kvsift::score::last_query_attention;
-  using selector = kvsift::select::topk;  // names the part; roles::stars picks with cpu::topk_of
+  using selector = kvsift::select::topk;  // the capped heads' prefill selection (roles::stars)
   using budgeter = kvsift::budget::inverse_stability;
   using trigger = kvsift::trigger::drift_median;
   using roles = kvsift::roles::stars;

@@ -90,7 +90,8 @@ struct clusters {
   // split their own scores under k (followers score nothing: 0), every follower takes its
   // representative's sets. kept[i]: the working set of ended[i]'s heads.
   template <class Store>
-  void place(const Store& st, int layer, std::span<const int> ended, const score_sets& scores,
+  void place(const Store& st, const select::static_dynamic& sel, int layer,
+             std::span<const int> ended, const score_sets& scores,
              std::span<slot_state* const> states, std::vector<int>& layer_budgets,
              std::vector<index_sets>& kept) const {
     const auto& sh = st.shape();
@@ -105,7 +106,7 @@ struct clusters {
       }
     }
     index_sets own_static, own_dynamic, st_sets, dyn_sets;
-    select::static_dynamic{{.rho = p.rho}}.split(scores, budgets, own_static, own_dynamic);
+    sel.split(scores, budgets, own_static, own_dynamic);
     select::shared_by_cluster<>::share(roles, own_static, st_sets);
     select::shared_by_cluster<>::share(roles, own_dynamic, dyn_sets);
     kept.assign(ended.size(), {});

@@ -7,7 +7,7 @@
 //
 //   place     budgets base and cap_h (budget::inverse_stability over the whole model, or given
 //             ones); volatile and pivot heads keep their whole KV, anchors and satellites their
-//             own top min(n, cap_h) by the last query's scores (cpu::topk_of). A pivot starts its
+//             own top min(n, cap_h) by the last query's scores (the recipe's select::topk). A pivot starts its
 //             reference set as its own top `base`.
 //   refresh   (a drift check, when trigger::drift_median fires) each pivot with satellites scores
 //             each of the last W queries over the PREFILL keys only (softmax over those n,
@@ -26,6 +26,7 @@
 #include <kvsift/cpu/math.hpp>
 #include <kvsift/cpu/segmented_topk.hpp>
 #include <kvsift/roles/context.hpp>
+#include <kvsift/select/topk.hpp>
 #include <kvsift/trigger/drift_probe.hpp>
 
 #include <algorithm>
@@ -162,14 +163,19 @@ struct stars {
   void check_prompt(std::string_view, int n) const { (void)budget(n); }
   void start(slot_state&, int) const {}
 
+  // Full-KV heads (pivots, anchors) keep the whole prompt; the others keep the top cap_h of their
+  // own scores through the recipe's selector (select::topk: no protected tokens, ties to the
+  // lower index). A pivot records its reference set: its top `base` positions.
   template <class Store>
-  void place(const Store& st, int layer, std::span<const int> ended, const score_sets& scores,
-             std::span<slot_state* const> states, std::vector<int>& layer_budgets,
-             std::vector<index_sets>& kept) const {
+  void place(const Store& st, const select::topk& sel, int layer, std::span<const int> ended,
+             const score_sets& scores, std::span<slot_state* const> states,
+             std::vector<int>& layer_budgets, std::vector<index_sets>& kept) const {
     const auto& sh = st.shape();
     const auto& roles = p.layers[layer];
     const auto H = static_cast<std::size_t>(sh.kv_heads);
-    kept.assign(ended.size(), {});
+    // One selection over every capped head of the batch: its scores and its budget per segment.
+    score_sets capped;
+    std::vector<int> caps;
     for (std::size_t i = 0; i < ended.size(); ++i) {
       const int r = ended[i];
       const int n = st.host_length(r, layer);
@@ -183,17 +189,31 @@ struct stars {
       s.median.assign(H, -1.0);
       s.drift.assign(H, 0);
       layer_budgets[layer] = s.base;
-      std::vector<std::int32_t> picked, all(static_cast<std::size_t>(n));
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        if (budget::full_kv(roles.roles[h])) continue;
+        capped.push_back(scores[static_cast<int>(i) * sh.kv_heads + h]);
+        caps.push_back(std::min(n, s.cap[h]));
+      }
+    }
+    index_sets picked;
+    sel.select(capped, caps, picked);
+    kept.assign(ended.size(), {});
+    int next = 0;
+    std::vector<std::int32_t> all;
+    for (std::size_t i = 0; i < ended.size(); ++i) {
+      const int n = states[i]->prompt_first;
+      all.resize(static_cast<std::size_t>(n));
       std::iota(all.begin(), all.end(), 0);
       for (int h = 0; h < sh.kv_heads; ++h) {
-        const auto seq = sh.sequence(r, layer, h);
-        const auto sc_h = scores[static_cast<int>(i) * sh.kv_heads + h];
-        if (budget::full_kv(roles.roles[h])) {
-          kept[i].push_back(all);
-          if (roles.roles[h] == role::pivot) s.reference[h] = top_positions(st, seq, sc_h, s.base);
-        } else {
-          cpu::topk_of(sc_h, all, std::min(n, s.cap[h]), picked);
-          kept[i].push_back(picked);
+        if (!budget::full_kv(roles.roles[h])) {
+          kept[i].push_back(picked[next++]);
+          continue;
+        }
+        kept[i].push_back(all);
+        if (roles.roles[h] == role::pivot) {
+          const auto seq = sh.sequence(ended[i], layer, h);
+          states[i]->reference[h] =
+              top_positions(st, seq, scores[static_cast<int>(i) * sh.kv_heads + h], states[i]->base);
         }
       }
     }
