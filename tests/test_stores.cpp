@@ -4,6 +4,7 @@
 // FlashInfer-consistent, a dense store can wrap engine memory, nhd and hnd inputs agree.
 
 #include <kvsift/kvsift.hpp>
+#include <kvsift/store/flashinfer.hpp>
 
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
@@ -12,7 +13,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <random>
+#include <string>
 #include <set>
 #include <vector>
 
@@ -150,9 +153,15 @@ void require_page_table_consistent(const typename M::store& s) {
         for (int h = 0; h < sh.kv_heads; ++h) {
           const auto seq = sh.sequence(r, l, h);
           REQUIRE(kv.length(h) == s.length(seq));
+          // rows [0, n) hold the resident tokens, slot i at row s.row(seq, i): a permutation
+          std::vector<int> seen(static_cast<std::size_t>(s.length(seq)), 0);
           for (int i = 0; i < s.length(seq); ++i) {
-            REQUIRE(kv.row(h, i, 0) == s.key(seq, i));
-            REQUIRE(vv.row(h, i, 0) == s.value(seq, i));
+            const int row = s.row(seq, i);
+            REQUIRE(row >= 0);
+            REQUIRE(row < s.length(seq));
+            REQUIRE(seen[row]++ == 0);
+            REQUIRE(kv.row(h, row, 0) == s.key(seq, i));
+            REQUIRE(vv.row(h, row, 0) == s.value(seq, i));
           }
         }
       }
@@ -374,4 +383,75 @@ TEST_CASE("paged store: pages are shared by all head-sequences through one pool"
   REQUIRE(s.used_pages() == 5);
   require_contents(s);
   require_page_table_consistent<paged_of<float>>(s);
+}
+
+// A sliding window (StreamingLLM's decode: append one token, release the oldest one after the
+// sink) moves at most one row per step: every other kept token stays in its row, and the rows
+// stay a permutation of [0, n) (a valid FlashInfer cache of exactly the resident tokens).
+TEMPLATE_TEST_CASE("stores: a sliding window moves one row per step, not the window",
+                   "[store][rows]", dense_of<float>, dense_of<bfloat16>, paged_of<float>,
+                   paged_of<half>) {
+  using M = TestType;
+  const int kv_heads = GENERATE(1, 2);
+  const int sink = GENERATE(0, 2);
+  CAPTURE(kv_heads, sink, M::paged);
+  const model_shape sh{.layers = 1, .q_heads = kv_heads, .kv_heads = kv_heads, .head_dim = 8};
+  auto s = M::make(sh, 1, 24);
+  const int window = 13;
+  append_chunk(s, 0, 0, 0, window);
+  kvsift::index_sets evict_one;  // every slot but `sink`, per KV head
+  std::vector<std::int32_t> keep(static_cast<std::size_t>(window));
+  for (int i = 0, j = 0; i <= window; ++i) {
+    if (i != sink) keep[j++] = i;
+  }
+  for (int h = 0; h < kv_heads; ++h) evict_one.push_back(keep);
+  for (int step = 0; step < 40; ++step) {
+    CAPTURE(step);
+    append_chunk(s, 0, 0, window + step, 1);
+    std::vector<std::vector<int>> row_before(static_cast<std::size_t>(kv_heads));
+    for (int h = 0; h < kv_heads; ++h) {
+      const auto seq = sh.sequence(0, 0, h);
+      for (int i = 0; i <= window; ++i) row_before[h].push_back(s.row(seq, i));
+    }
+    s.retain(0, 0, evict_one);
+    for (int h = 0; h < kv_heads; ++h) {
+      const auto seq = sh.sequence(0, 0, h);
+      REQUIRE(s.length(seq) == window);
+      int moved = 0;
+      for (int i = 0; i < window; ++i) moved += s.row(seq, i) != row_before[h][keep[i]] ? 1 : 0;
+      REQUIRE(moved <= 1);
+      // the window: the sink, then the newest window - sink positions
+      for (int i = 0; i < sink; ++i) REQUIRE(s.position(seq, i) == i);
+      REQUIRE(s.position(seq, window - 1) == window + step);
+      REQUIRE(s.position(seq, sink) == sink + step + 1);
+    }
+    require_contents(s);
+    require_page_table_consistent<M>(s);
+  }
+  if constexpr (M::paged) {
+    // the exports follow the rows: the tokens form addresses each kept slot's own row, and the
+    // pages form (logical pages = store pages) refuses reordered rows
+    const std::vector<int> requests{0};
+    kvsift::index_sets all;
+    std::vector<std::int32_t> every(static_cast<std::size_t>(window));
+    std::iota(every.begin(), every.end(), 0);
+    for (int h = 0; h < kv_heads; ++h) all.push_back(every);
+    const auto table = kvsift::flashinfer_tokens(s, 0, requests, all);
+    for (int h = 0; h < kv_heads; ++h) {
+      const auto seq = sh.sequence(0, 0, h);
+      for (int i = 0; i < window; ++i) {
+        REQUIRE(s.key_pool() + static_cast<std::size_t>(table.indices[table.indptr[h] + i]) * 8 ==
+                s.key(seq, i));
+      }
+    }
+    REQUIRE_FALSE(s.rows_in_slot_order(sh.sequence(0, 0, 0)));
+    kvsift::index_sets pages;
+    for (int h = 0; h < kv_heads; ++h) pages.push_back(std::vector<std::int32_t>{0});
+    try {
+      (void)kvsift::flashinfer_pages(s, 0, requests, pages, s.page_size());
+      FAIL("flashinfer_pages accepted reordered rows");
+    } catch (const kvsift::error& e) {
+      REQUIRE(std::string(e.what()).find("head_pages.rows") != std::string::npos);
+    }
+  }
 }

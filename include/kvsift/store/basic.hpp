@@ -2,9 +2,27 @@
 #pragma once
 
 // What every CPU store shares: validation, append, retain (in-place compaction) and gather,
-// written once over the derived store's slot addressing (CRTP). A derived store provides
-//   T* key_slot(seq, slot), T* value_slot(seq, slot), std::int32_t* position_slot(seq, slot),
-//   bool can_grow(seq, new_length) const, void grow(seq, new_length), void shrink(seq, new_length).
+// written once over the derived store's row addressing (CRTP). A derived store provides
+//   T* key_slot(seq, row), T* value_slot(seq, row), std::int32_t* position_slot(seq, row),
+//   std::int32_t* row_slot(seq, i), bool can_grow(seq, new_length) const,
+//   void grow(seq, new_length), void shrink(seq, new_length).
+//
+// Slots and rows. A head-sequence of n resident tokens occupies the physical rows [0, n) of its
+// memory (no holes: a table of its pages is a valid FlashInfer cache of exactly those tokens).
+// Its slots are the same tokens in position order: slot i is row row(seq, i) (the row map, one
+// int32 per token, kept where the derived store keeps positions). Scorers, selectors and plans
+// speak slots; only an export to an engine's kernel speaks rows. Attention is order-free over
+// keys, so rows need no order. retain picks the cheaper of two ways to close the gaps the
+// released tokens leave:
+//   compact     shift the kept rows down in order (slot i stays row i): chosen while the rows
+//               are in slot order and it moves at most twice the rows of the other way, e.g. a
+//               prompt's compression (logical pages stay store pages: Quest-style page plans
+//               export in the pages form);
+//   fill holes  move only the kept rows past the new length into the lowest released rows and
+//               rewrite the row numbers: a token evicted from the middle of a window
+//               (StreamingLLM, H2O: one per step) costs one row copy and n int32 writes, not a
+//               shift of everything after it.
+// rows_in_slot_order(seq) says which holds.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/element.hpp>
@@ -36,14 +54,24 @@ class basic_store {
     return length_[shape_.sequence(request, layer, head)];
   }
   [[nodiscard]] std::int32_t position(std::int64_t seq, int slot) const {
-    return *self().position_slot(seq, slot);
+    return *self().position_slot(seq, row(seq, slot));
   }
-  [[nodiscard]] const T* key(std::int64_t seq, int slot) const { return self().key_slot(seq, slot); }
+  [[nodiscard]] const T* key(std::int64_t seq, int slot) const {
+    return self().key_slot(seq, row(seq, slot));
+  }
   [[nodiscard]] const T* value(std::int64_t seq, int slot) const {
-    return self().value_slot(seq, slot);
+    return self().value_slot(seq, row(seq, slot));
   }
   // Writable key row, for in-place key transforms such as RoPE re-rotation (core/rope.hpp).
-  [[nodiscard]] T* mutable_key(std::int64_t seq, int slot) { return self().key_slot(seq, slot); }
+  [[nodiscard]] T* mutable_key(std::int64_t seq, int slot) {
+    return self().key_slot(seq, row(seq, slot));
+  }
+  // The physical row (in [0, length(seq))) that holds slot `slot`: what an export to an engine's
+  // kernel addresses (store/flashinfer.hpp).
+  [[nodiscard]] int row(std::int64_t seq, int slot) const { return *self().row_slot(seq, slot); }
+  // Whether slot i is row i for every resident token of seq (true until a retain fills holes
+  // out of order; a page plan over the store's own pages needs it).
+  [[nodiscard]] bool rows_in_slot_order(std::int64_t seq) const { return ordered_[seq] != 0; }
   // Position one past the newest token ever appended to a request's layer (0 after construction
   // or reset). It survives compaction: a retain that releases the newest tokens (StreamingLLM with
   // budget = sink) does not move it back.
@@ -108,6 +136,7 @@ class basic_store {
         std::memcpy(self().key_slot(seq, base + t), k.row(t, h), row_bytes);
         std::memcpy(self().value_slot(seq, base + t), v.row(t, h), row_bytes);
         *self().position_slot(seq, base + t) = first_position + t;
+        *self().row_slot(seq, base + t) = base + t;  // rows [0, base) are taken: the next is base
       }
       length_[seq] = base + k.tokens;
     }
@@ -115,7 +144,9 @@ class basic_store {
   }
 
   // Keeps, for each KV head h of (request, layer), exactly the slots kept[h] (ascending) and
-  // releases the others. Original positions travel with the kept tokens.
+  // releases the others. Original positions travel with the kept tokens; kept slot i becomes
+  // slot i. Rows: a kept token keeps its row unless that row is past the new length, in which
+  // case it moves into the lowest row a released token left free.
   void retain(int request, int layer, const index_sets& kept) {
     constexpr std::string_view where = "store.retain";
     check_request_layer(where, request, layer);
@@ -124,20 +155,57 @@ class basic_store {
     validate_index_sets(
         kept, [&](int h) { return length_[shape_.sequence(request, layer, h)]; }, where, "kept");
     const std::size_t row_bytes = static_cast<std::size_t>(shape_.head_dim) * sizeof(T);
+    // scratch per thread (stores of different requests may be compacted concurrently; nothing is
+    // allocated once warm)
+    thread_local std::vector<std::int32_t> kept_rows;  // the kept slots' rows, in slot order
+    thread_local std::vector<unsigned char> taken;     // rows below the new length in use
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto seq = shape_.sequence(request, layer, h);
       const auto slots = kept[h];
-      for (std::size_t i = 0; i < slots.size(); ++i) {
-        const int from = slots[i];
-        const int to = static_cast<int>(i);
-        if (from != to) {  // ascending kept slots: from >= to, so moving forward is safe
-          std::memmove(self().key_slot(seq, to), self().key_slot(seq, from), row_bytes);
-          std::memmove(self().value_slot(seq, to), self().value_slot(seq, from), row_bytes);
-          *self().position_slot(seq, to) = *self().position_slot(seq, from);
+      const int n = length_[seq];
+      const int m = static_cast<int>(slots.size());
+      if (m == n) continue;  // ascending and unique: every slot is kept, nothing moves
+      // Rows still in slot order, and keeping that order (a compaction) moves at most twice the
+      // rows filling holes would: compact, so a prompt's compression leaves logical pages equal
+      // to store pages. Otherwise fill holes (one row per token a sliding window releases).
+      if (ordered_[seq]) {
+        int shifted = 0, past = 0;
+        for (int i = 0; i < m; ++i) {
+          shifted += slots[i] != i ? 1 : 0;
+          past += slots[i] >= m ? 1 : 0;
+        }
+        if (shifted <= 2 * past) {
+          for (int i = 0; i < m; ++i) {
+            if (slots[i] != i) move_row(seq, slots[i], i, row_bytes);  // ascending: from > to
+          }
+          length_[seq] = m;
+          self().shrink(seq, m);
+          continue;
         }
       }
-      length_[seq] = static_cast<int>(slots.size());
-      self().shrink(seq, length_[seq]);
+      // read every kept slot's row before any map entry is overwritten
+      kept_rows.resize(static_cast<std::size_t>(m));
+      taken.assign(static_cast<std::size_t>(m), 0);
+      for (int i = 0; i < m; ++i) {
+        const int r = row(seq, slots[i]);
+        kept_rows[i] = r;
+        if (r < m) taken[r] = 1;
+      }
+      int hole = 0;  // the lowest row below m that no kept token holds
+      bool in_order = true;
+      for (int i = 0; i < m; ++i) {
+        if (kept_rows[i] >= m) {
+          while (taken[hole]) ++hole;
+          move_row(seq, kept_rows[i], hole, row_bytes);
+          kept_rows[i] = hole;
+          taken[hole] = 1;
+        }
+        *self().row_slot(seq, i) = kept_rows[i];
+        in_order = in_order && kept_rows[i] == i;
+      }
+      ordered_[seq] = in_order ? 1 : 0;
+      length_[seq] = m;
+      self().shrink(seq, m);
     }
   }
 
@@ -150,6 +218,7 @@ class basic_store {
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto seq = shape_.sequence(request, l, h);
         length_[seq] = 0;
+        ordered_[seq] = 1;
         self().shrink(seq, 0);
       }
     }
@@ -181,6 +250,7 @@ class basic_store {
     check_size(where, "", "[requests x layers x kv_heads] head-sequence lengths", requests,
                shape_.layers, shape_.kv_heads, sizeof(int));
     length_.assign(static_cast<std::size_t>(requests) * shape_.sequences_per_request(), 0);
+    ordered_.assign(length_.size(), 1);
     next_.assign(static_cast<std::size_t>(requests) * shape_.layers, 0);
   }
   [[nodiscard]] std::int64_t sequences() const { return static_cast<std::int64_t>(length_.size()); }
@@ -204,8 +274,14 @@ class basic_store {
   int requests_ = 0;
   std::vector<int> length_;  // [requests * layers * kv_heads] resident tokens per head-sequence
   std::vector<std::int32_t> next_;  // [requests * layers] position after the newest appended token
+  std::vector<unsigned char> ordered_;  // [sequences] slot i is row i for every resident token
 
  private:
+  void move_row(std::int64_t seq, int from, int to, std::size_t row_bytes) {
+    std::memcpy(self().key_slot(seq, to), self().key_slot(seq, from), row_bytes);
+    std::memcpy(self().value_slot(seq, to), self().value_slot(seq, from), row_bytes);
+    *self().position_slot(seq, to) = *self().position_slot(seq, from);
+  }
   const Derived& self() const { return static_cast<const Derived&>(*this); }
   Derived& self() { return static_cast<Derived&>(*this); }
 };

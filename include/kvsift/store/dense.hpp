@@ -11,8 +11,9 @@ namespace kvsift::store {
 // Dense store: every head-sequence owns `capacity` contiguous slots, laid out
 // [requests, layers, kv_heads, capacity, d] (HND per layer). It owns its memory, or wraps an
 // engine's: `dense(shape, requests, capacity, keys, values)` uses caller memory of that shape
-// without copying. Compaction is in place; released slots are free for later appends.
-// Cost: append and retain move only the rows they touch (d elements each).
+// without copying. The resident tokens of a head-sequence are its rows [0, n); released rows
+// are free for later appends. Cost: append writes one row per token; retain moves only the kept
+// rows past the new length (basic.hpp, "Slots and rows").
 template <Element T, HostAccessible Space = host_space>
 class dense : public basic_store<dense<T, Space>, T, Space> {
   using base = basic_store<dense<T, Space>, T, Space>;
@@ -28,6 +29,7 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
     keys_ = owned_keys_.data();
     values_ = owned_values_.data();
     positions_.resize(static_cast<std::size_t>(this->sequences()) * capacity_);
+    rows_.resize(positions_.size());
   }
 
   // Wraps engine-owned memory: keys and values [requests * layers * kv_heads, capacity, d].
@@ -39,6 +41,7 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
     keys_ = keys;
     values_ = values;
     positions_.resize(static_cast<std::size_t>(this->sequences()) * capacity_);
+    rows_.resize(positions_.size());
   }
 
   // A store is a unique owner of (or view into) KV memory: it moves, it does not copy.
@@ -71,6 +74,9 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
   [[nodiscard]] std::int32_t* position_slot(std::int64_t seq, int slot) const {
     return const_cast<std::int32_t*>(positions_.data()) + seq * capacity_ + slot;
   }
+  [[nodiscard]] std::int32_t* row_slot(std::int64_t seq, int slot) const {
+    return const_cast<std::int32_t*>(rows_.data()) + seq * capacity_ + slot;
+  }
   [[nodiscard]] bool can_grow(std::int64_t, int new_length) const { return new_length <= capacity_; }
   void grow(std::int64_t, int) {}
   void shrink(std::int64_t, int) {}
@@ -79,7 +85,8 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
   T* keys_ = nullptr;
   T* values_ = nullptr;
   std::vector<T> owned_keys_, owned_values_;
-  std::vector<std::int32_t> positions_;  // [sequences, capacity] original positions
+  std::vector<std::int32_t> positions_;  // [sequences, capacity] original positions, per row
+  std::vector<std::int32_t> rows_;       // [sequences, capacity] the row of each slot
 };
 
 static_assert(KvStore<dense<float>>);

@@ -15,10 +15,11 @@
 //
 // Two forms:
 //   tokens (flashinfer_tokens)  a token plan, kept slots per entry (attention_plan::slots):
-//          page_size = 1; indices[indptr[s] + i] = the physical row of slot slots[s][i], i.e.
-//          page * store_page_size + slot % store_page_size where page is the entry's
-//          (slot / store_page_size)-th page; the pool read as [total_pages * store_page_size,
-//          1, d] rows. last_page_len[s] = 1, or 0 for an entry that keeps nothing.
+//          page_size = 1; indices[indptr[s] + i] = the pool row of slot slots[s][i], i.e.
+//          page * store_page_size + r % store_page_size where r = store.row(seq, slot) (the
+//          head-sequence's row of that slot; head_pages.rows) and page is the entry's
+//          (r / store_page_size)-th page; the pool read as [total_pages * store_page_size, 1, d]
+//          rows. last_page_len[s] = 1, or 0 for an entry that keeps nothing.
 //   pages  (flashinfer_pages)   a page plan whose pages are the store's pages (the plan's page
 //          size equals store.page_size()), kept logical pages per entry (attention_plan::pages
 //          of Quest over this store): page_size = store.page_size(); indices = the physical page ids
@@ -26,8 +27,10 @@
 //          length minus its full pages when that page is the head-sequence's last (partial)
 //          page, page_size otherwise, 0 for an entry that keeps nothing. Every kept page but
 //          the last is full (only a head-sequence's last page can be partial, and pages are
-//          ascending), which is what FlashInfer's layout assumes. A page plan of another page
-//          size is exported in the tokens form, from its slots.
+//          ascending), which is what FlashInfer's layout assumes. A logical page is a store page
+//          only while slot i is row i (store.rows_in_slot_order: until a retain reorders rows;
+//          Quest never retains), so this form rejects head_pages with a row map. A page plan
+//          of another page size is exported in the tokens form, from its slots.
 // In both forms indptr = the plan's offsets, and FlashInfer's sequence length of entry s,
 // (pages - 1) * page_size + last_page_len (0 when it has no pages), is the number of tokens the
 // plan keeps for it. Attention is order-free over keys, so the kept order (ascending) is kept.
@@ -71,9 +74,12 @@ struct flashinfer_table {
 // The page lists of a batch's head-sequences, one entry per (request, KV head) in plan order:
 // what the export reads from the store, and what the Thrust export takes on the device.
 struct head_pages {
-  segmented<std::int32_t> pages;     // [entries] the entry's physical page ids, in slot order
+  segmented<std::int32_t> pages;     // [entries] the entry's physical page ids, in row order
   std::vector<std::int32_t> lengths; // [entries] tokens of the head-sequence
   int page_size = 0;                 // rows per page
+  // [entries] the row of each slot (store.row(seq, slot)), lengths[s] per entry; empty when
+  // every entry's slot i is its row i (no retain reordered them).
+  segmented<std::int32_t> rows;
 
   [[nodiscard]] int entries() const { return pages.segments(); }
 };
@@ -110,6 +116,20 @@ inline void check_head_pages(const head_pages& hp, std::string_view where) {
               return ">= 0 and filling the entry's " + std::to_string(hp.pages.size(s)) +
                      " pages of " + std::to_string(hp.page_size) + " (the last one partly)";
             });
+  }
+  if (hp.rows.segments() <= 0) return;  // slots are rows
+  require(hp.rows.segments() == hp.entries(), where, "head_pages.rows.segments",
+          hp.rows.segments(),
+          [&] { return "0 (slots are rows) or one per entry (" + std::to_string(hp.entries()) + ")"; });
+  for (int s = 0; s < hp.entries(); ++s) {
+    require(hp.rows.size(s) == hp.lengths[s], where,
+            [s] { return "head_pages.rows[" + std::to_string(s) + "].size"; }, hp.rows.size(s),
+            [&] { return "the entry's length (" + std::to_string(hp.lengths[s]) + ")"; });
+    for (const auto r : hp.rows[s]) {
+      require(r >= 0 && r < hp.lengths[s], where,
+              [s] { return "head_pages.rows[" + std::to_string(s) + "]"; }, r,
+              [&] { return "a row in [0, " + std::to_string(hp.lengths[s]) + ")"; });
+    }
   }
 }
 
@@ -148,12 +168,24 @@ template <Element T, HostAccessible Space>
   hp.page_size = store.page_size();
   hp.pages.offsets.reserve(requests.size() * sh.kv_heads + 1);
   hp.lengths.reserve(requests.size() * sh.kv_heads);
+  bool in_order = true;
   for (const int r : requests) {
     const auto t = store.page_table(r, layer);
     for (int h = 0; h < sh.kv_heads; ++h) {
       hp.pages.push_back(std::span<const std::int32_t>(t.indices.data() + t.indptr[h],
                                                        static_cast<std::size_t>(t.indptr[h + 1] - t.indptr[h])));
       hp.lengths.push_back(store.length(r, layer, h));
+      in_order = in_order && store.rows_in_slot_order(sh.sequence(r, layer, h));
+    }
+  }
+  if (in_order) return hp;
+  std::vector<std::int32_t> rows;
+  for (const int r : requests) {
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      const auto seq = sh.sequence(r, layer, h);
+      rows.resize(static_cast<std::size_t>(store.length(seq)));
+      for (int i = 0; i < store.length(seq); ++i) rows[i] = store.row(seq, i);
+      hp.rows.push_back(rows);
     }
   }
   return hp;
@@ -173,8 +205,10 @@ template <Element T, HostAccessible Space>
   for (int s = 0; s < slots.segments(); ++s) {
     const auto seg = slots[s];
     const auto pl = hp.pages[s];
+    const bool mapped = hp.rows.segments() > 0;
     for (std::size_t i = 0; i < seg.size(); ++i) {
-      t.indices[slots.offsets[s] + i] = pl[seg[i] / hp.page_size] * hp.page_size + seg[i] % hp.page_size;
+      const std::int32_t row = mapped ? hp.rows[s][seg[i]] : seg[i];
+      t.indices[slots.offsets[s] + i] = pl[row / hp.page_size] * hp.page_size + row % hp.page_size;
     }
     t.last_page_len[s] = seg.empty() ? 0 : 1;
   }
@@ -192,6 +226,9 @@ template <Element T, HostAccessible Space>
     return "the store's page size (" + std::to_string(hp.page_size) +
            "); export a plan of another page size in the tokens form, from its slots";
   });
+  require(hp.rows.segments() <= 0, where, "head_pages.rows", "a row map (a retain reordered rows)",
+          "slots in row order: a logical page is a store page only until a retain reorders rows; "
+          "export a plan over reordered rows in the tokens form");
   detail::check_plan_shape(hp, pages, where, "pages");
   validate_index_sets(pages, [&](int s) { return hp.pages.size(s); }, where, "pages");
   flashinfer_table t;

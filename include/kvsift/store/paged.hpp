@@ -14,8 +14,12 @@ namespace kvsift::store {
 // Paged store: a pool of fixed-size pages shared by all head-sequences; each head-sequence (one
 // KV head of one layer of one request) owns a list of pages, so per-head compression really
 // returns pages to the pool. Pages are [page_size, d] for keys and for values.
-// `page_table(request, layer)` exports the per-KV-head block table in FlashInfer's CSR form.
-// Cost: retain moves the kept rows forward and frees every page past the new length.
+// `page_table(request, layer)` exports the per-KV-head block table in FlashInfer's CSR form: the
+// pages of a head-sequence of n tokens hold exactly its n resident rows (rows [0, n), every page
+// full but the last), in row order, which is position order until a retain reorders them
+// (`row(seq, slot)` maps a slot to its row; attention over the table is order-free).
+// Cost: retain moves only the kept rows past the new length into released rows, then frees every
+// page past the new length (basic.hpp, "Slots and rows").
 template <Element T, HostAccessible Space = host_space>
 class paged : public basic_store<paged<T, Space>, T, Space> {
   using base = basic_store<paged<T, Space>, T, Space>;
@@ -55,6 +59,7 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
     keys_ = keys;
     values_ = values;
     positions_.resize(static_cast<std::size_t>(total_pages) * page_size);
+    rows_.resize(positions_.size());
     pages_.resize(static_cast<std::size_t>(this->sequences()));
     free_.reserve(static_cast<std::size_t>(total_pages));
     for (int p = total_pages - 1; p >= 0; --p) free_.push_back(p);
@@ -115,6 +120,10 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   [[nodiscard]] std::int32_t* position_slot(std::int64_t seq, int slot) const {
     return const_cast<std::int32_t*>(positions_.data()) + flat(seq, slot);
   }
+  // The row map lives beside the positions: slot i's row at the address of row i.
+  [[nodiscard]] std::int32_t* row_slot(std::int64_t seq, int slot) const {
+    return const_cast<std::int32_t*>(rows_.data()) + flat(seq, slot);
+  }
   [[nodiscard]] static int pages_for(int n, int ps) { return (n + ps - 1) / ps; }
   [[nodiscard]] int pages_to_grow(std::int64_t seq, int new_length) const {
     return std::max(0, pages_for(new_length, page_size_) - static_cast<int>(pages_[seq].size()));
@@ -140,7 +149,8 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   T* keys_ = nullptr;                               // [total_pages, page_size, d] (owned or the engine's)
   T* values_ = nullptr;
   std::vector<T> owned_keys_, owned_values_;
-  std::vector<std::int32_t> positions_;             // [total_pages, page_size]
+  std::vector<std::int32_t> positions_;             // [total_pages, page_size] per row
+  std::vector<std::int32_t> rows_;                  // [total_pages, page_size] row of each slot
   std::vector<std::vector<std::int32_t>> pages_;    // per head-sequence: its pages, in order
   std::vector<std::int32_t> free_;                  // free page ids (stack)
 };

@@ -5,7 +5,8 @@
 // reference kvsift/store/flashinfer.hpp (read its header for the two forms and the batch
 // entries), built on the device from a device CSR plan (thrust/plan.hpp) and a device copy of
 // the entries' page lists (`head_pages`, from kvsift::page_lists(store, layer, requests)).
-//   flashinfer_tokens  page_size 1: indices[e] = pages[s][slot / ps] * ps + slot % ps
+//   flashinfer_tokens  page_size 1: indices[e] = pages[s][r / ps] * ps + r % ps, r the slot's
+//                      row (head_pages.rows, or the slot itself when rows are in slot order)
 //   flashinfer_pages   page_size ps: indices[e] = pages[s][page]; last_page_len from the
 //                      entry's length when its last kept page is its last page
 // One thread per kept index (a gather through the page lists, s found by binary search of the
@@ -40,10 +41,14 @@ namespace kvsift::thrust {
 // head_pages (store/flashinfer.hpp) in device memory, as the kernels read it.
 struct head_pages_view {
   const std::int32_t* indptr = nullptr;   // [entries + 1] CSR offsets into pages
-  const std::int32_t* pages = nullptr;    // [indptr[entries]] physical page ids, in slot order
+  const std::int32_t* pages = nullptr;    // [indptr[entries]] physical page ids, in row order
   const std::int32_t* lengths = nullptr;  // [entries] tokens of each entry's head-sequence
   int entries = 0;
   int page_size = 0;                      // rows per page of the store
+  // The row of each slot (head_pages.rows; CSR over lengths), or null when slot i is row i. Built
+  // by kvsift::page_lists from the store (not re-checked on the device).
+  const std::int32_t* row_indptr = nullptr;  // [entries + 1]
+  const std::int32_t* rows = nullptr;        // [row_indptr[entries]]
 };
 
 // The output arrays, in caller memory on the device.
@@ -57,18 +62,25 @@ template <class Vector>
 struct device_head_pages {
   Vector indptr, pages, lengths;  // as head_pages_view
   int page_size = 0;
+  Vector row_indptr, rows;        // empty when slots are rows
   [[nodiscard]] int entries() const { return static_cast<int>(indptr.size()) - 1; }
   [[nodiscard]] head_pages_view view() const {
+    const bool mapped = !row_indptr.empty();
     return {::thrust::raw_pointer_cast(indptr.data()), ::thrust::raw_pointer_cast(pages.data()),
-            ::thrust::raw_pointer_cast(lengths.data()), entries(), page_size};
+            ::thrust::raw_pointer_cast(lengths.data()), entries(), page_size,
+            mapped ? ::thrust::raw_pointer_cast(row_indptr.data()) : nullptr,
+            mapped ? ::thrust::raw_pointer_cast(rows.data()) : nullptr};
   }
 };
 
 template <class Vector>
 [[nodiscard]] device_head_pages<Vector> to_device(const head_pages& hp) {
+  const bool mapped = hp.rows.segments() > 0;
   return {Vector(hp.pages.offsets.begin(), hp.pages.offsets.end()),
           Vector(hp.pages.values.begin(), hp.pages.values.end()),
-          Vector(hp.lengths.begin(), hp.lengths.end()), hp.page_size};
+          Vector(hp.lengths.begin(), hp.lengths.end()), hp.page_size,
+          mapped ? Vector(hp.rows.offsets.begin(), hp.rows.offsets.end()) : Vector(),
+          mapped ? Vector(hp.rows.values.begin(), hp.rows.values.end()) : Vector()};
 }
 
 // An owning device table; to_host() gives the host reference's type.
@@ -261,7 +273,8 @@ struct fi_token_row_fn {
   KVSIFT_HOST_DEVICE std::int32_t operator()(std::int64_t e) const {
     const int s = segment_of(plan.offsets, plan.num_segments, e);
     const std::int32_t slot = plan.values[e];
-    return hp.pages[hp.indptr[s] + slot / hp.page_size] * hp.page_size + slot % hp.page_size;
+    const std::int32_t r = hp.rows == nullptr ? slot : hp.rows[hp.row_indptr[s] + slot];
+    return hp.pages[hp.indptr[s] + r / hp.page_size] * hp.page_size + r % hp.page_size;
   }
 };
 struct fi_token_last_fn {
@@ -322,6 +335,9 @@ void flashinfer_pages(const Policy& exec, const head_pages_view& hp,
     return "the store's page size (" + std::to_string(hp.page_size) +
            "); export a plan of another page size in the tokens form, from its slots";
   });
+  require(hp.rows == nullptr, where, "head_pages.rows", "a row map (a retain reordered rows)",
+          "slots in row order: a logical page is a store page only until a retain reorders rows; "
+          "export a plan over reordered rows in the tokens form");
   detail::fi_check_host(where, hp, pages, num, out, "pages");
   if (check) detail::fi_check(exec, where, "pages", hp, pages, num, true);
   const ::thrust::counting_iterator<std::int64_t> zero(0);
