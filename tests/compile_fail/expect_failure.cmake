@@ -1,5 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-# Compile-fail check: cmake -DCXX=<compiler> -DSRC=<file.cpp> -DINCLUDE=<include dir> -P expect_failure.cmake
+# Compile-fail check: cmake -DCXX=<compiler> -DSRC=<file.cpp> -DINCLUDE=<include dir>
+#                      [-DSYSTEM_INCLUDES=<dir>|<dir>...] [-DDEFINES=<NAME=VALUE>|...]
+#                      -P expect_failure.cmake
+# (SYSTEM_INCLUDES and DEFINES, `|`-separated, for the files that need the CCCL headers and a
+# THRUST_DEVICE_SYSTEM, compile_fail/thrust/*.cpp.)
 # SRC must FAIL to compile (-std=c++20 -fsyntax-only), and the compiler output must match the
 # regex given in SRC by a `// expect-error: <regex>` comment.
 foreach(var CXX SRC INCLUDE)
@@ -19,8 +23,22 @@ if(expect_regex STREQUAL "")
   message(FATAL_ERROR "${SRC}: empty expect-error regex")
 endif()
 
+set(extra_flags "")
+if(DEFINED SYSTEM_INCLUDES AND NOT SYSTEM_INCLUDES STREQUAL "")
+  string(REPLACE "|" ";" dirs "${SYSTEM_INCLUDES}")
+  foreach(dir ${dirs})
+    list(APPEND extra_flags -isystem "${dir}")
+  endforeach()
+endif()
+if(DEFINED DEFINES AND NOT DEFINES STREQUAL "")
+  string(REPLACE "|" ";" defs "${DEFINES}")
+  foreach(def ${defs})
+    list(APPEND extra_flags "-D${def}")
+  endforeach()
+endif()
+
 execute_process(
-  COMMAND "${CXX}" -std=c++20 -fsyntax-only "-I${INCLUDE}" "${SRC}"
+  COMMAND "${CXX}" -std=c++20 -fsyntax-only "-I${INCLUDE}" ${extra_flags} "${SRC}"
   RESULT_VARIABLE result
   OUTPUT_VARIABLE out
   ERROR_VARIABLE err)

@@ -152,17 +152,33 @@ TEMPLATE_TEST_CASE("thrust::flashinfer_tokens / flashinfer_pages equal the host 
     std::vector<int> batch(static_cast<std::size_t>(requests));
     for (int r = 0; r < requests; ++r) batch[r] = r;
     std::shuffle(batch.begin(), batch.end(), b.rng);
+    // The pages form needs slots in row order (store/flashinfer.hpp): it runs over the requests
+    // whose head-sequences a retain left in order; the tokens form over the whole batch.
+    std::vector<int> ordered;
+    for (const int r : batch) {
+      bool in_order = true;
+      for (int h = 0; h < kv_heads; ++h) {
+        in_order = in_order && b.store.rows_in_slot_order(sh.sequence(r, layer, h));
+      }
+      if (in_order) ordered.push_back(r);
+    }
     kvsift::index_sets slots, pages;
     for (const int r : batch) {
       for (int h = 0; h < kv_heads; ++h) {
+        slots.push_back(subset(b.rng, b.store.length(r, layer, h), 0.4));
+      }
+    }
+    for (const int r : ordered) {
+      for (int h = 0; h < kv_heads; ++h) {
         const int n = b.store.length(r, layer, h);
-        slots.push_back(subset(b.rng, n, 0.4));
         pages.push_back(subset(b.rng, (n + page_size - 1) / page_size, 0.6));
       }
     }
     const kvsift::head_pages hp = kvsift::page_lists(b.store, layer, batch);
+    const kvsift::head_pages hp_ordered = kvsift::page_lists(b.store, layer, ordered);
+    REQUIRE(hp_ordered.rows.segments() <= 0);
     const auto want_t = kvsift::flashinfer_tokens(hp, slots);
-    const auto want_p = kvsift::flashinfer_pages(hp, pages, page_size);
+    const auto want_p = kvsift::flashinfer_pages(hp_ordered, pages, page_size);
     REQUIRE(want_t.indices == kvsift::flashinfer_tokens(b.store, layer, batch, slots).indices);
 
     // The reference names the rows and pages that hold the kept keys (checked through the pool).
@@ -172,6 +188,10 @@ TEMPLATE_TEST_CASE("thrust::flashinfer_tokens / flashinfer_pages equal the host 
         const std::int64_t row = want_t.indices[want_t.indptr[s] + i];
         REQUIRE(same_row(b.store.key_pool() + row * d, b.store.key(seq, slots[s][i]), d));
       }
+      REQUIRE(want_t.seq_len(s) == slots.size(s));
+    }
+    for (int s = 0; s < want_p.entries(); ++s) {
+      const auto seq = sh.sequence(ordered[s / kv_heads], layer, s % kv_heads);
       const int n = b.store.length(seq);
       int kept_tokens = 0;
       for (int i = 0; i < pages.size(s); ++i) {
@@ -182,19 +202,27 @@ TEMPLATE_TEST_CASE("thrust::flashinfer_tokens / flashinfer_pages equal the host 
         }
       }
       REQUIRE(want_p.seq_len(s) == kept_tokens);
-      REQUIRE(want_t.seq_len(s) == slots.size(s));
     }
 
     const auto dhp = kvsift::thrust::to_device<dvec>(hp);
+    const auto dhp_ordered = kvsift::thrust::to_device<dvec>(hp_ordered);
     const auto dslots = kvsift::thrust::to_device<dvec>(slots);
     const auto dpages = kvsift::thrust::to_device<dvec>(pages);
+    const bool reordered = hp.rows.segments() > 0;
+    if (reordered) {  // a page plan over reordered rows is refused, host and device alike
+      REQUIRE_THROWS_AS(kvsift::flashinfer_pages(hp, slots, page_size), kvsift::error);
+    }
     for_each_policy([&](const auto& exec, const std::string& name) {
       CAPTURE(name);
       require_same(kvsift::thrust::to_host(kvsift::thrust::flashinfer_tokens(exec, dhp, dslots, check)),
                    want_t);
-      require_same(kvsift::thrust::to_host(
-                       kvsift::thrust::flashinfer_pages(exec, dhp, dpages, page_size, check)),
+      require_same(kvsift::thrust::to_host(kvsift::thrust::flashinfer_pages(
+                       exec, dhp_ordered, dpages, page_size, check)),
                    want_p);
+      if (reordered) {
+        REQUIRE_THROWS_AS(kvsift::thrust::flashinfer_pages(exec, dhp, dslots, page_size, check),
+                          kvsift::error);
+      }
     });
   }
 }
@@ -230,10 +258,12 @@ TEST_CASE("thrust FlashInfer export of an empty batch and of empty entries", "[t
 
 TEST_CASE("thrust FlashInfer export rejects bad plans and writes nothing", "[thrust][flashinfer]") {
   using Catch::Matchers::ContainsSubstring;
-  ragged_paged<float> b(2, 4, 3, 20, 3);
+  ragged_paged<float> b(2, 4, 4, 20, 3);
   const int layer = 0;
-  const std::vector<int> batch{0, 2};
+  // requests the fixture never retained (odd ids): slots in row order, so page plans apply
+  const std::vector<int> batch{3, 1};
   const auto hp = kvsift::page_lists(b.store, layer, batch);
+  REQUIRE(hp.rows.segments() <= 0);
   const int n0 = hp.lengths[0];
   REQUIRE(n0 >= 3);
   // A good token plan: entry 0 keeps {0, 1, n0 - 1}, the others keep slot 0 where they have one.

@@ -7,6 +7,9 @@
 //   exec::host   the CPU: the store's memory is host memory, the lifecycle reads it directly, and
 //                every component runs its CPU algorithm (cpu/: AVX-512 attention, OpenMP loops
 //                under cpu::scoped_threading).
+//   exec::sim    a device on the CPU (thrust/exec.hpp, needs CCCL): Thrust's CPP/OMP systems
+//                over sim_space memory, which the lifecycle may not dereference, with counters
+//                of allocations and host<->device copies that check the graph-capture laws.
 //
 // An Exec names the memory space its stores, plans and scratch live in and whether the lifecycle
 // may dereference that memory (`host_visible`). Device execs (Thrust's systems, CUDA) are the

@@ -7,6 +7,7 @@
 #include <kvsift/thrust/attention.hpp>
 #include <kvsift/thrust/common.hpp>
 #include <kvsift/thrust/cumulative_attention.hpp>
+#include <kvsift/thrust/exec.hpp>
 #include <kvsift/thrust/flashinfer.hpp>
 #include <kvsift/thrust/gather.hpp>
 #include <kvsift/thrust/lag.hpp>
