@@ -10,7 +10,8 @@
 // Slots and rows. A head-sequence of n resident tokens occupies the physical rows [0, n) of its
 // memory (no holes: a table of its pages is a valid FlashInfer cache of exactly those tokens).
 // Its slots are the same tokens in position order: slot i is row row(seq, i) (the row map, one
-// int32 per token, kept where the derived store keeps positions). Scorers, selectors and plans
+// int32 per token, kept where the derived store keeps positions, written and read only once the
+// rows are out of order: a store that never reorders pays nothing). Scorers, selectors and plans
 // speak slots; only an export to an engine's kernel speaks rows. Attention is order-free over
 // keys, so rows need no order. retain picks the cheaper of two ways to close the gaps the
 // released tokens leave:
@@ -68,7 +69,10 @@ class basic_store {
   }
   // The physical row (in [0, length(seq))) that holds slot `slot`: what an export to an engine's
   // kernel addresses (store/flashinfer.hpp).
-  [[nodiscard]] int row(std::int64_t seq, int slot) const { return *self().row_slot(seq, slot); }
+  [[nodiscard]] int row(std::int64_t seq, int slot) const {
+    if (ordered_[seq]) [[likely]] return slot;  // in order: no map to read
+    return mapped_row(seq, slot);
+  }
   // Whether slot i is row i for every resident token of seq (true until a retain fills holes
   // out of order; a page plan over the store's own pages needs it).
   [[nodiscard]] bool rows_in_slot_order(std::int64_t seq) const { return ordered_[seq] != 0; }
@@ -136,7 +140,8 @@ class basic_store {
         std::memcpy(self().key_slot(seq, base + t), k.row(t, h), row_bytes);
         std::memcpy(self().value_slot(seq, base + t), v.row(t, h), row_bytes);
         *self().position_slot(seq, base + t) = first_position + t;
-        *self().row_slot(seq, base + t) = base + t;  // rows [0, base) are taken: the next is base
+        // rows [0, base) are taken: the next is base (the map is read only once out of order)
+        if (!ordered_[seq]) *self().row_slot(seq, base + t) = base + t;
       }
       length_[seq] = base + k.tokens;
     }
@@ -274,9 +279,13 @@ class basic_store {
   int requests_ = 0;
   std::vector<int> length_;  // [requests * layers * kv_heads] resident tokens per head-sequence
   std::vector<std::int32_t> next_;  // [requests * layers] position after the newest appended token
-  std::vector<unsigned char> ordered_;  // [sequences] slot i is row i for every resident token
+  std::vector<std::uint16_t> ordered_;  // [sequences] slot i is row i for every resident token (not a char type: a char may alias every store, so a char flag is reloaded in every loop that writes)
 
  private:
+  // Out of line: keeps row() (inlined into every key()/value() of the attention loops) small.
+  [[gnu::noinline]] int mapped_row(std::int64_t seq, int slot) const {
+    return *self().row_slot(seq, slot);
+  }
   void move_row(std::int64_t seq, int from, int to, std::size_t row_bytes) {
     std::memcpy(self().key_slot(seq, to), self().key_slot(seq, from), row_bytes);
     std::memcpy(self().value_slot(seq, to), self().value_slot(seq, from), row_bytes);
