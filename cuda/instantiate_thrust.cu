@@ -24,6 +24,10 @@ void instantiate_all() {
   kvsift::thrust::page_digest(exec, rows, offsets, 0, 16, out_f, out_f);
   kvsift::thrust::window_attention_scores(exec, rows, kvsift::thrust::window_queries{}, 0,
                                           kvsift::thrust::window_score_params{}, out_f, nullptr, 0);
+  kvsift::thrust::cumulative_attention_scores(exec, rows, kvsift::thrust::window_queries{}, 0,
+                                              kvsift::gqa_reduce::mean, out_f, nullptr, 0);
+  kvsift::thrust::attention_over(exec, rows, rows, kvsift::thrust::window_queries{},
+                                 kvsift::thrust::attention_plan{}, 0, 0, out_f, out_f, nullptr, 0);
 }
 
 }  // namespace
@@ -44,4 +48,6 @@ void kvsift_instantiate_thrust_algorithms() {
   kvsift::thrust::page_scores(exec, f, 1, 1, 64, f, f, o, 0, 0, kvsift::gqa_reduce::max, f);
   kvsift::thrust::kept_offsets(exec, o, o, 0, oi);
   kvsift::thrust::segmented_topk(exec, f, o, 0, 0, o, 0, oi, nullptr, 0);
+  kvsift::thrust::recency_scores(exec, o, o, 0, 0, f);
+  kvsift::thrust::query_cosine_decisions(exec, f, f, 0, 1, 1, 0.8, f, oi);
 }
