@@ -12,6 +12,7 @@
 // keeps them per KV head on the host) and passes both. One thread per group; no workspace.
 // Cost O(groups * group * d).
 
+#include <kvsift/trigger/query_cosine.hpp>
 #include <kvsift/thrust/common.hpp>
 
 #include <cmath>
@@ -21,26 +22,6 @@
 namespace kvsift::thrust {
 
 namespace detail {
-
-// trigger::query_cosine::cos_mean of q and prev, [group, d] row-major each.
-KVSIFT_HOST_DEVICE inline float query_cos_mean(const float* q, const float* prev, int group,
-                                               int d) {
-  double acc = 0.0;
-  for (int g = 0; g < group; ++g) {
-    const float* a = q + static_cast<std::int64_t>(g) * d;
-    const float* b = prev + static_cast<std::int64_t>(g) * d;
-    double ab = 0.0;
-    double aa = 0.0;
-    double bb = 0.0;
-    for (int c = 0; c < d; ++c) {
-      ab += static_cast<double>(a[c]) * b[c];
-      aa += static_cast<double>(a[c]) * a[c];
-      bb += static_cast<double>(b[c]) * b[c];
-    }
-    acc += aa > 0.0 && bb > 0.0 ? ab / std::sqrt(aa * bb) : 0.0;
-  }
-  return static_cast<float>(acc / group);
-}
 
 struct query_cosine_fn {
   const float* q;
@@ -52,7 +33,7 @@ struct query_cosine_fn {
   std::int32_t* correct;
   KVSIFT_HOST_DEVICE void operator()(int k) const {
     const std::int64_t at = static_cast<std::int64_t>(k) * group * d;
-    const float c = query_cos_mean(q + at, prev + at, group, d);
+    const float c = kvsift::trigger::group_cos_mean(q + at, prev + at, group, d);
     if (cos_mean != nullptr) {
       cos_mean[k] = c;
     }

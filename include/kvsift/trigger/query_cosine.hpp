@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <kvsift/core/config.hpp>
 #include <kvsift/core/error.hpp>
 
 #include <cmath>
@@ -11,6 +12,26 @@
 #include <vector>
 
 namespace kvsift::trigger {
+
+// Mean over a GQA group of cos(a[g], b[g]); a and b are [group, d] row-major. Sums in double, in
+// channel order; a zero vector's cosine counts as 0. The one definition both backends run
+// (trigger::query_cosine here, thrust/query_cosine.hpp on the device).
+KVSIFT_HOST_DEVICE inline float group_cos_mean(const float* a, const float* b, int group, int d) {
+  double acc = 0.0;
+  for (int g = 0; g < group; ++g) {
+    const float* x = a + static_cast<std::int64_t>(g) * d;
+    const float* y = b + static_cast<std::int64_t>(g) * d;
+    double xy = 0.0, xx = 0.0, yy = 0.0;
+    for (int c = 0; c < d; ++c) {
+      xy += static_cast<double>(x[c]) * y[c];
+      xx += static_cast<double>(x[c]) * x[c];
+      yy += static_cast<double>(y[c]) * y[c];
+    }
+    acc += xx > 0.0 && yy > 0.0 ? xy / std::sqrt(xx * yy) : 0.0;
+  }
+  return static_cast<float>(acc / group);
+}
+
 
 // Query-similarity correction trigger — FreeKV (Liu et al., 2025, "FreeKV: Boosting KV Cache
 // Retrieval for Efficient LLM Inference"). FreeKV reuses, at step t, the pages selected with
@@ -41,19 +62,7 @@ class query_cosine {
 
   // Mean over the group of cos(q[g], prev[g]); q and prev are [group, d] row-major.
   [[nodiscard]] static float cos_mean(const float* q, const float* prev, int group, int d) {
-    double acc = 0.0;
-    for (int g = 0; g < group; ++g) {
-      const float* a = q + static_cast<std::size_t>(g) * d;
-      const float* b = prev + static_cast<std::size_t>(g) * d;
-      double ab = 0.0, aa = 0.0, bb = 0.0;
-      for (int c = 0; c < d; ++c) {
-        ab += static_cast<double>(a[c]) * b[c];
-        aa += static_cast<double>(a[c]) * a[c];
-        bb += static_cast<double>(b[c]) * b[c];
-      }
-      acc += aa > 0.0 && bb > 0.0 ? ab / std::sqrt(aa * bb) : 0.0;
-    }
-    return static_cast<float>(acc / group);
+    return group_cos_mean(q, prev, group, d);
   }
   // Whether a cosine mean asks for a correction: cos_mean < tau (strict).
   [[nodiscard]] bool corrects(float cos_mean) const { return cos_mean < p_.tau; }
