@@ -22,4 +22,5 @@ set(KVSIFT_CONFORMANCE_THRUST_KINDS
     score.quest_pages method.quest.select score.lagkv method.lagkv.prefill score.freekv_pages
     method.freekv.select trigger.query_cosine method.dynamickv.prefill budget.dynamickv
     budget.fraction budget.pyramidkv budget.synckv budget.heterocache)
+list(APPEND KVSIFT_CONFORMANCE_THRUST_KINDS method.streaming_llm.decode method.h2o.decode method.quest.decode method.lagkv.decode)
 list(APPEND KVSIFT_CONFORMANCE_THRUST_KINDS method.synckv.decode method.freekv.decode method.heterocache.prefill method.heterocache.decode)

@@ -21,6 +21,12 @@
 // Workspace: 3 * S * G * nq values (rows) + G * N floats (columns), from
 // cumulative_attention_workspace_bytes. Cost O(G * nq * N * d), twice the dot products of a
 // single pass; one thread per column loops over the nq queries.
+//
+// Decode (cumulative_attention_observe): H2O's running scores follow the decode steps as
+// score::cumulative_attention::observe does: a step's attention probabilities over the slots it
+// read (thrust::attention_over's weights, one query per request) are reduced over the GQA group
+// (cpu::reduce_group's order) and added to the running score of each slot; a slot appended since
+// the previous observe starts from 0. One thread per slot; no workspace. Cost O(G * N).
 
 #include <kvsift/core/dot.hpp>
 #include <kvsift/thrust/math.hpp>
@@ -134,7 +140,65 @@ struct cumulative_column_fn {
   }
 };
 
+// Slot e of the weights' CSR: running[s * stride + j] = (j < seen[s] ? running : 0) + reduced.
+struct cumulative_observe_fn {
+  const float* weights;         // [G * N]: row (s, g) at offsets[s] * G + g * n_s
+  const std::int32_t* offsets;  // [S + 1]
+  int num_segments;
+  int group;
+  gqa_reduce mode;
+  const std::int32_t* seen;     // [S] slots scored before this step, or null (all)
+  float* running;
+  std::int64_t running_stride;  // 0: packed like the weights' tokens
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const int s = segment_of(offsets, num_segments, e);
+    const int b = offsets[s];
+    const int n = offsets[s + 1] - b;
+    const int j = static_cast<int>(e - b);
+    const float add = reduce_at(weights + static_cast<std::int64_t>(b) * group, n, group, j, mode);
+    float* run = running + (running_stride == 0 ? e : s * running_stride + j);
+    const float old = seen != nullptr && j >= seen[s] ? 0.0f : *run;
+    *run = old + add;
+  }
+};
+
 }  // namespace detail
+
+// H2O's decode observe: adds one step's GQA-reduced attention to the running scores.
+//   weights         [G * N] probabilities of one query per request over every slot (0 for the
+//                   slots the step did not read): thrust::attention_over's `weights` with nq = 1;
+//                   row (s, g) of n_s slots at offsets[s] * G + g * n_s
+//   offsets         [S + 1] CSR of the segments' current lengths; num_items N = offsets[S]
+//   gqa             the reduction over the group (score::cumulative_attention's `gqa`)
+//   seen            [S] slots that already had a running score (the length at the previous
+//                   observe, or after the last compaction); slots j >= seen[s] start from 0,
+//                   as the CPU scorer's running scores grow with zeros; null: every slot has one
+//   running         the running score of slot j of segment s at running[s * running_stride + j]
+//                   (a per-slot side column of a dense [S, capacity] store: stride capacity), or
+//                   at running[offsets[s] + j] with running_stride = 0
+// A slot the step did not read adds 0 (its weight), which leaves a running sum unchanged, as the
+// CPU scorer adds only over the slots read.
+template <class Policy>
+void cumulative_attention_observe(const Policy& exec, const float* weights,
+                                  const std::int32_t* offsets, int num_segments,
+                                  std::int64_t num_items, int group, gqa_reduce gqa,
+                                  const std::int32_t* seen, float* running,
+                                  std::int64_t running_stride) {
+  constexpr std::string_view where = "thrust::cumulative_attention_observe";
+  require(num_segments >= 0, where, "num_segments", num_segments, ">= 0");
+  require(num_items >= 0, where, "num_items", num_items, ">= 0");
+  require(group > 0, where, "group", group, "> 0");
+  require(running_stride >= 0, where, "running_stride", running_stride,
+          ">= 0 (0 = packed by offsets)");
+  if (num_items == 0) {
+    return;
+  }
+  require(weights != nullptr && offsets != nullptr && running != nullptr, where,
+          "weights / offsets / running", "null", "the step's weights, CSR offsets, running scores");
+  ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), num_items,
+                       detail::cumulative_observe_fn{weights, offsets, num_segments, group, gqa,
+                                                     seen, running, running_stride});
+}
 
 // Bytes of workspace cumulative_attention_scores needs (`queries` = nq per request).
 inline std::size_t cumulative_attention_workspace_bytes(std::int64_t num_items, int num_segments,

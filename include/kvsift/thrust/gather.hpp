@@ -8,6 +8,18 @@
 //                 segment s moves to slot i. Out of place through caller workspace, because
 //                 parallel in-place moves would race (slot i may still be read as kept[i'] = i).
 // One thread per (kept row, channel). Kept sets are CSR (`kept_offsets`, local indices).
+//
+// A decode step's device store (a dense [segments, capacity, d] array plus [segments, capacity]
+// positions, lengths in a CSR that the host keeps, since lengths are shapes) also needs:
+//   append_rows       one row per segment written at its slot n_s (a decode token's K or V),
+//                     one thread per (segment, channel)       mirrors store::basic_store::append
+//   pack_rows         every resident row (and / or its position) to a packed CSR array, e.g. a
+//                     per-slot side column (H2O's running scores) packed for a top-k, or the
+//                     positions of a plan that reads every slot; one thread per (row, channel)
+//   gather_positions  the original positions of a plan's slots (what attention_plan::positions
+//                     holds); one thread per slot
+// A per-slot side column (running scores) follows a compaction through compact_rows with
+// dim = 1 and the same kept sets.
 
 #include <kvsift/thrust/common.hpp>
 
@@ -84,7 +96,112 @@ struct scatter_packed_fn {
   }
 };
 
+template <class T>
+struct append_fn {
+  T* data;                         // [segments, capacity, d]
+  std::int32_t* positions;         // [segments, capacity] or null
+  const std::int32_t* offsets;     // [segments + 1] CSR of the lengths before the append
+  const T* rows;                   // [segments, d]
+  const std::int32_t* row_positions;  // [segments]
+  int dim;
+  std::int64_t capacity;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const std::int64_t s = e / dim;
+    const int c = static_cast<int>(e % dim);
+    const std::int64_t at = s * capacity + (offsets[s + 1] - offsets[s]);
+    data[at * dim + c] = rows[e];
+    if (c == 0 && positions != nullptr) {
+      positions[at] = row_positions[s];
+    }
+  }
+};
+
+template <class T>
+struct pack_fn {
+  segmented_rows<T> src;
+  T* dst;                       // [num_items, d] or null
+  std::int32_t* dst_positions;  // [num_items] or null
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const std::int64_t t = e / src.dim;
+    const int c = static_cast<int>(e % src.dim);
+    const int s = segment_of(src.offsets, src.num_segments, t);
+    const int j = static_cast<int>(t - src.offsets[s]);
+    if (dst != nullptr) {
+      dst[e] = src.row(s, j)[c];
+    }
+    if (c == 0 && dst_positions != nullptr) {
+      dst_positions[t] = src.position(s, j);
+    }
+  }
+};
+
+template <class T>
+struct gather_positions_fn {
+  segmented_rows<T> src;
+  const std::int32_t* kept_offsets;
+  const std::int32_t* kept;
+  std::int32_t* out;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const int s = segment_of(kept_offsets, src.num_segments, t);
+    out[t] = src.position(s, kept[t]);
+  }
+};
+
 }  // namespace detail
+
+// Appends one row to every segment of a dense [num_segments, capacity, d] array: row s of `rows`
+// ([num_segments, d], e.g. a decode token's keys of every KV head) goes to slot n_s = offsets[s +
+// 1] - offsets[s] (the length before the append; the caller's lengths become n_s + 1), and its
+// position row_positions[s] to positions[s * capacity + n_s] when positions is not null. Every
+// n_s must be < capacity (the caller's room check, on host-side lengths). No workspace.
+template <class Policy, Element T>
+void append_rows(const Policy& exec, T* data, std::int32_t* positions, int num_segments,
+                 int capacity, int dim, const std::int32_t* offsets, const T* rows,
+                 const std::int32_t* row_positions) {
+  constexpr std::string_view where = "thrust::append_rows";
+  require(num_segments >= 0, where, "num_segments", num_segments, ">= 0");
+  require(capacity > 0, where, "capacity", capacity, "> 0");
+  require(dim > 0, where, "dim", dim, "> 0");
+  require(num_segments == 0 || (data != nullptr && rows != nullptr && offsets != nullptr), where,
+          "data / rows / offsets", "null", "the store's rows, [num_segments, d] rows, CSR offsets");
+  require(positions == nullptr || row_positions != nullptr, where, "row_positions", "null",
+          "[num_segments] positions (positions are written)");
+  ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0),
+                       static_cast<std::int64_t>(num_segments) * dim,
+                       detail::append_fn<T>{data, positions, offsets, rows, row_positions, dim,
+                                            capacity});
+}
+
+// Packs every resident row of src (any addressing) into dst[(src.offsets[s] + j) * d + c] and its
+// original position into dst_positions[src.offsets[s] + j]; either output may be null (then not
+// written). num_items = src.offsets[S] (host copy). No workspace.
+template <class Policy, Element T>
+void pack_rows(const Policy& exec, const segmented_rows<T>& src, std::int64_t num_items, T* dst,
+               std::int32_t* dst_positions) {
+  constexpr std::string_view where = "thrust::pack_rows";
+  src.validate(where, "src");
+  require(num_items >= 0, where, "num_items", num_items, ">= 0");
+  if (num_items == 0 || (dst == nullptr && dst_positions == nullptr)) {
+    return;
+  }
+  ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), num_items * src.dim,
+                       detail::pack_fn<T>{src, dst, dst_positions});
+}
+
+// out[t] = src.position(s, kept[t]) for every entry t of segment s of the CSR (kept_offsets,
+// kept): the original positions of a plan's slots. num_kept = kept_offsets[S] (host copy).
+template <class Policy, Element T>
+void gather_positions(const Policy& exec, const segmented_rows<T>& src,
+                      const std::int32_t* kept_offsets, const std::int32_t* kept,
+                      std::int64_t num_kept, std::int32_t* out) {
+  constexpr std::string_view where = "thrust::gather_positions";
+  src.validate(where, "src");
+  require(num_kept >= 0, where, "num_kept", num_kept, ">= 0");
+  require(num_kept == 0 || (kept_offsets != nullptr && kept != nullptr && out != nullptr), where,
+          "kept / out", "null", "the CSR of slots and [num_kept] positions");
+  ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), num_kept,
+                       detail::gather_positions_fn<T>{src, kept_offsets, kept, out});
+}
 
 // Copies kept row i of segment s (source token kept[kept_offsets[s] + i]) to
 // dst + (s * dst_capacity + i) * d, and its original position to dst_positions[s * dst_capacity

@@ -22,6 +22,11 @@
 //   kvsift::thrust::kept_offsets(exec, offsets, budgets, num_segments, kept_offsets);
 //   kvsift::thrust::segmented_topk(exec, scores, offsets, num_segments, num_items,
 //                                  kept_offsets, num_kept, out, ws, bytes);
+//
+// segmented_evict_one: the decode-step special case (StreamingLLM's rolling window, H2O's
+// eviction: a head-sequence one token over its budget drops one): per segment one scan for the
+// worst unprotected token, no sort, no workspace. It keeps exactly what segmented_topk keeps for
+// the same counts and protection.
 
 #include <kvsift/thrust/common.hpp>
 
@@ -183,7 +188,82 @@ struct first_misfit {
   }
 }
 
+// Segment s: the worst unprotected token (largest descending_key, i.e. lowest score, NaN
+// lowest; among equals the higher index, since the top-k keeps the lower) when k_s = n_s - 1;
+// -1 when the segment keeps everything or has no unprotected token.
+struct evict_victim_fn {
+  const float* scores;
+  const std::int32_t* offsets;
+  const std::int32_t* kept_offsets;
+  topk_protection protect;
+  std::int32_t* victims;
+  KVSIFT_HOST_DEVICE void operator()(int s) const {
+    const int b = offsets[s];
+    const int n = offsets[s + 1] - b;
+    const int k = kept_offsets[s + 1] - kept_offsets[s];
+    const int w = protect.window == nullptr ? 0 : protect.window[s];
+    const int last = n - w;
+    int victim = -1;
+    if (k < n) {
+      std::uint32_t worst = 0;
+      for (int j = protect.sink; j < last; ++j) {
+        const std::uint32_t key = descending_key(scores[b + j]);
+        if (victim < 0 || key >= worst) {
+          worst = key;
+          victim = j;
+        }
+      }
+    }
+    victims[s] = victim;
+  }
+};
+
+struct evict_write_fn {
+  const std::int32_t* kept_offsets;
+  const std::int32_t* victims;
+  int num_segments;
+  std::int32_t* out;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const int s = segment_of(kept_offsets, num_segments, t);
+    const int i = static_cast<int>(t - kept_offsets[s]);
+    const int v = victims[s];
+    out[t] = v < 0 || i < v ? i : i + 1;
+  }
+};
+
 }  // namespace detail
+
+// One-token eviction per segment (see the file comment).
+//   scores        [num_items] CSR by `offsets` ([num_segments + 1])
+//   kept_offsets  [num_segments + 1] output CSR; every k_s must be n_s (nothing leaves) or
+//                 n_s - 1 with at least one unprotected token (n_s - 1 >= sink + window[s]):
+//                 counts are host arithmetic (kept_offsets from thrust::kept_offsets, or the
+//                 host's lengths and budgets); num_kept = kept_offsets[S]
+//   out           [num_kept] kept local indices, ascending per segment: every slot but the victim
+//   victims       [num_segments] the dropped local slot of each segment, or -1 (none)
+// The kept sets equal segmented_topk's for the same counts and protection. No workspace, no
+// host synchronisation. Cost O(n_s) per segment (one thread each) + O(num_kept).
+template <class Policy>
+void segmented_evict_one(const Policy& exec, const float* scores, const std::int32_t* offsets,
+                         int num_segments, const std::int32_t* kept_offsets, std::int64_t num_kept,
+                         std::int32_t* out, std::int32_t* victims, topk_protection protect = {}) {
+  constexpr std::string_view where = "thrust::segmented_evict_one";
+  require(num_segments >= 0, where, "num_segments", num_segments, ">= 0");
+  require(num_kept >= 0, where, "num_kept", num_kept, ">= 0");
+  require(protect.sink >= 0, where, "protect.sink", protect.sink, ">= 0");
+  if (num_segments == 0) {
+    return;
+  }
+  require(offsets != nullptr && kept_offsets != nullptr && victims != nullptr &&
+              (num_kept == 0 || out != nullptr),
+          where, "offsets / kept_offsets / out / victims", "null",
+          "CSR offsets, the kept CSR and [num_segments] victims");
+  const ::thrust::counting_iterator<int> zero(0);
+  ::thrust::for_each_n(exec, zero, num_segments,
+                       detail::evict_victim_fn{scores, offsets, kept_offsets, protect, victims});
+  ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), num_kept,
+                       detail::evict_write_fn{kept_offsets, victims, num_segments, out});
+}
 
 // Bytes of caller workspace segmented_topk needs for `num_items` scores in all.
 inline std::size_t segmented_topk_workspace_bytes(std::int64_t num_items) {
