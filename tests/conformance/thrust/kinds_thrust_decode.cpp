@@ -21,7 +21,8 @@
 //              LagKV         when len - base reaches 2L: lag_scores -> top-k (the frozen prefix
 //                            and the last partition protected) -> compact_rows
 //
-// Only what the case outputs is copied back (plan positions, out, evicted, pages); every count
+// Inside a step only what the case outputs is copied back (plan positions, out, evicted, pages:
+// the step's top-k take their counts from the host, step_topk / evict_one); every count
 // (lengths, kept, pages, slots, whether a round runs) is host arithmetic on lengths and budgets,
 // as the CPU methods compute it (select::topk::window_for, select::page_topk::pages_for,
 // select::partition_topk::keep_per_partition, trigger::length's condition). No CPU scorer,
@@ -180,6 +181,24 @@ device_sets evict_one(const dvec<float>& scores, const device_store& st, int B, 
                           raw(kept.offsets), kept.total, raw(kept.values), raw(victims),
                           kt::topk_protection{sink, raw(window)});
   return kept;
+}
+
+// A step's top-k whose counts are host arithmetic: k per segment (<= every n_s), the first
+// `sink` and the last window[s] protected. Unlike device_topk (helpers.hpp), nothing is read back:
+// the kept offsets come from the host and segmented_topk's check (a reduction read by the host)
+// is off, as in a captured decode step.
+device_sets step_topk(const dvec<float>& scores, const dvec<i32>& offsets, int segments, int k,
+                      int sink, const std::vector<i32>& window) {
+  device_sets r{to_device(uniform_offsets(segments, k)), {},
+                static_cast<std::int64_t>(segments) * k};
+  r.values.resize(static_cast<std::size_t>(r.total));
+  const dvec<i32> w = to_device(window);
+  const auto n = static_cast<std::int64_t>(scores.size());
+  dvec<unsigned char> ws(kt::segmented_topk_workspace_bytes(n));
+  kt::segmented_topk(::thrust::device, raw(scores), raw(offsets), segments, n, raw(r.offsets),
+                     r.total, raw(r.values), raw(ws), ws.size(), kt::topk_protection{sink, raw(w)},
+                     /*check=*/false);
+  return r;
 }
 
 // The original position of each head's dropped slot (-1: none): the case's `evicted`, read from
@@ -373,8 +392,7 @@ const kc::registrar method_quest_decode{
         kt::page_scores(exec, raw(qt), h, G, d, raw(kmin), raw(kmax), raw(poff), h,
                         static_cast<std::int64_t>(h) * P, kvsift::gqa_reduce::max, raw(scores),
                         page_cap);
-        const auto sel_pages = device_topk(scores, poff, h, std::vector<i32>(h, kp), 0,
-                                           std::vector<i32>(h, 1));
+        const auto sel_pages = step_topk(scores, poff, h, kp, 0, std::vector<i32>(h, 1));
         // their slots: every page full but the current one
         const int per_head = kp >= P ? len : len - (P - kp) * ps;
         const dvec<i32> slot_off = to_device(uniform_offsets(h, per_head));
@@ -509,8 +527,8 @@ const kc::registrar method_lagkv_decode{
           kt::lag_scores(exec, st.key_rows(), st.value_rows(), raw(base_d), st.items(), p,
                          raw(scores), raw(ws), ws.size());
           const int keep = len - (L - k);
-          const auto kept = device_topk(scores, st.offsets, H, std::vector<i32>(H, keep), base,
-                                        std::vector<i32>(H, len - base - L));
+          const auto kept = step_topk(scores, st.offsets, H, keep, base,
+                                      std::vector<i32>(H, len - base - L));
           st.retain(kept, keep);
           frozen = base + k;
         }
