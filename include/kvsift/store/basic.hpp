@@ -16,9 +16,10 @@
 // keys, so rows need no order. retain picks the cheaper of two ways to close the gaps the
 // released tokens leave:
 //   compact     shift the kept rows down in order (slot i stays row i): chosen while the rows
-//               are in slot order and it moves at most twice the rows of the other way, e.g. a
-//               prompt's compression (logical pages stay store pages: Quest-style page plans
-//               export in the pages form);
+//               are in slot order and it moves at most four times the rows of the other way,
+//               e.g. a prompt's compression or a LagKV round (logical pages stay store pages:
+//               Quest-style page plans export in the pages form; attention keeps reading rows
+//               in address order, which a bulk hole filling would scatter for every later step);
 //   fill holes  move only the kept rows past the new length into the lowest released rows and
 //               rewrite the row numbers: a token evicted from the middle of a window
 //               (StreamingLLM, H2O: one per step) costs one row copy and n int32 writes, not a
@@ -36,6 +37,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,6 +74,22 @@ class basic_store {
   [[nodiscard]] int row(std::int64_t seq, int slot) const {
     if (ordered_[seq]) [[likely]] return slot;  // in order: no map to read
     return mapped_row(seq, slot);
+  }
+  // rows[i] = row(seq, slots[i]) in one pass over the map: a loop over many slots of a reordered
+  // head-sequence (attention over a plan) translates once, then reads key_at_row/value_at_row,
+  // instead of a map lookup per key and per value.
+  void rows_of(std::int64_t seq, std::span<const std::int32_t> slots, std::int32_t* rows) const {
+    if (ordered_[seq]) {
+      std::copy(slots.begin(), slots.end(), rows);
+      return;
+    }
+    for (std::size_t i = 0; i < slots.size(); ++i) rows[i] = *self().row_slot(seq, slots[i]);
+  }
+  [[nodiscard]] const T* key_at_row(std::int64_t seq, int row) const {
+    return self().key_slot(seq, row);
+  }
+  [[nodiscard]] const T* value_at_row(std::int64_t seq, int row) const {
+    return self().value_slot(seq, row);
   }
   // Whether slot i is row i for every resident token of seq (true until a retain fills holes
   // out of order; a page plan over the store's own pages needs it).
@@ -170,16 +188,17 @@ class basic_store {
       const int n = length_[seq];
       const int m = static_cast<int>(slots.size());
       if (m == n) continue;  // ascending and unique: every slot is kept, nothing moves
-      // Rows still in slot order, and keeping that order (a compaction) moves at most twice the
-      // rows filling holes would: compact, so a prompt's compression leaves logical pages equal
-      // to store pages. Otherwise fill holes (one row per token a sliding window releases).
+      // Rows still in slot order, and keeping that order (a compaction) moves at most four times
+      // the rows filling holes would: compact, so a prompt's compression or a LagKV round leaves
+      // logical pages equal to store pages and rows in address order. Otherwise fill holes (one
+      // row per token a sliding window releases).
       if (ordered_[seq]) {
         int shifted = 0, past = 0;
         for (int i = 0; i < m; ++i) {
           shifted += slots[i] != i ? 1 : 0;
           past += slots[i] >= m ? 1 : 0;
         }
-        if (shifted <= 2 * past) {
+        if (shifted <= 4 * past) {
           for (int i = 0; i < m; ++i) {
             if (slots[i] != i) move_row(seq, slots[i], i, row_bytes);  // ascending: from > to
           }
