@@ -28,6 +28,23 @@ void instantiate_all() {
                                               kvsift::gqa_reduce::mean, out_f, nullptr, 0);
   kvsift::thrust::attention_over(exec, rows, rows, kvsift::thrust::window_queries{},
                                  kvsift::thrust::attention_plan{}, 0, 0, out_f, out_f, nullptr, 0);
+  // The decode steps' algorithms (kinds_thrust_decode.cpp, kinds_thrust_tiered.cpp).
+  T* data = nullptr;
+  kvsift::thrust::append_rows(exec, data, out_i, 0, 1, 1, offsets, static_cast<const T*>(nullptr),
+                              offsets);
+  kvsift::thrust::pack_rows(exec, rows, 0, data, out_i);
+  kvsift::thrust::gather_positions(exec, rows, offsets, offsets, 0, out_i);
+  kvsift::thrust::page_digest_tail(exec, rows, 16, 1, out_f, out_f, 0);
+  kvsift::thrust::page_digest_append(exec, static_cast<const T*>(nullptr), 0, 1, 0, 16, 0, out_f,
+                                     out_f);
+  kvsift::thrust::query_attention_scores(exec, rows, kvsift::thrust::window_queries{}, 0, 7,
+                                         kvsift::pooling::avg, kvsift::gqa_reduce::mean, out_f,
+                                         nullptr, 0);
+  const kvsift::thrust::tier_rows<T> tier{};
+  kvsift::thrust::tier_append(exec, tier, offsets, static_cast<const T*>(nullptr),
+                              static_cast<const T*>(nullptr), offsets);
+  kvsift::thrust::tier_install(exec, tier, offsets, rows, rows, offsets, 0, offsets, offsets, 0,
+                               nullptr, 0);
 }
 
 }  // namespace
@@ -50,4 +67,19 @@ void kvsift_instantiate_thrust_algorithms() {
   kvsift::thrust::segmented_topk(exec, f, o, 0, 0, o, 0, oi, nullptr, 0);
   kvsift::thrust::recency_scores(exec, o, o, 0, 0, f);
   kvsift::thrust::query_cosine_decisions(exec, f, f, 0, 1, 1, 0.8, f, oi);
+  kvsift::thrust::cumulative_attention_observe(exec, f, o, 0, 0, 1, kvsift::gqa_reduce::mean, o, f,
+                                               0);
+  kvsift::thrust::segmented_evict_one(exec, f, o, 0, o, 0, oi, oi);
+  kvsift::thrust::expand_page_slots(exec, o, o, 0, 16, o, 0, oi);
+  kvsift::thrust::working_set_positions(exec, o, o, o, 0, o, o, 1, o, o, 0, oi);
+  kvsift::thrust::static_dynamic_split(exec, f, o, 0, 0, o, 0, oi, o, 0, oi, nullptr, 0);
+  kvsift::thrust::static_dynamic_refresh(exec, f, o, 0, 0, o, o, o, 0, o, 0, oi, nullptr, 0);
+  kvsift::thrust::merge_sets(exec, o, o, 0, o, o, 0, 0, o, oi);
+  kvsift::thrust::leader_gather(exec, o, o, o, 0, o, 0, oi);
+  double* dbl = nullptr;
+  kvsift::thrust::drift_medians(exec, o, o, o, o, 0, 1, 0.5, dbl, oi, nullptr, 0);
+  kvsift::thrust::freekv_group_scores_strided(exec, f, 1, 1, 64, f, f, 0, o, 0, 0, 16, 0, 0,
+                                              kvsift::score::freekv_merge{}, f, nullptr, 0);
+  kvsift::thrust::pages_to_positions(exec, o, o, 0, 16, o, 0, oi);
+  kvsift::thrust::choose_sets(exec, o, 0, 0, o, o, o, oi);
 }

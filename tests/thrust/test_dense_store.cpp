@@ -21,10 +21,12 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <cstdint>
 #include <numeric>
 #include <random>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -242,6 +244,32 @@ TEMPLATE_LIST_TEST_CASE("thrust::dense_store: bad input throws kvsift::error nam
   CHECK(f.dev.length(f.shape.sequence(1, 0, 0)) == 2);
   CHECK_THROWS_AS(f.dev.check(), kvsift::error);
   CHECK_NOTHROW(f.dev.check());  // raised once
+}
+
+TEMPLATE_LIST_TEST_CASE("thrust::dense_store: a NaN or Inf key or value appended is found on the "
+                        "device and raised by the next check()",
+                        "[thrust][dense_store]", store_execs) {
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    for (const bool in_values : {false, true}) {
+      fixture<TestType> f;
+      std::mt19937 rng(5);
+      const int H = f.shape.kv_heads, d = f.shape.head_dim;
+      f.append(0, 1, random_rows(rng, 3, H, d), random_rows(rng, 3, H, d), 3, 0);
+      CHECK_NOTHROW(f.dev.check());  // finite rows: nothing found
+      auto k = random_rows(rng, 2, H, d), v = random_rows(rng, 2, H, d);
+      (in_values ? v : k)[static_cast<std::size_t>(H) * d + d + 3] = bad;  // token 1, head 1
+      f.append(0, 1, k, v, 2, 3);
+      try {
+        f.dev.check();
+        FAIL("check() did not raise the non-finite row");
+      } catch (const kvsift::error& e) {
+        CHECK(std::string(e.what()).find("NaN or Inf") != std::string::npos);
+      }
+      CHECK_NOTHROW(f.dev.check());  // raised once
+    }
+  }
 }
 
 TEMPLATE_LIST_TEST_CASE("thrust::dense_store over engine memory allocates only its metadata",

@@ -33,15 +33,19 @@
 // Columns: [columns, sequences, capacity] floats, 0 for appended rows.
 //
 // Errors. Arguments the host can see (request, layer, views, positions, room, counts) are checked
-// before anything changes and throw kvsift::error. Slot values live in E memory: a retain checks
-// them on the device (each kept slot below the head's length, ascending), never lets a bad one
-// address memory outside the head-sequence, and raises the error at the next check() (a counted
-// device-to-host read, outside any captured step), as a GPU reports a kernel's failure.
+// before anything changes and throw kvsift::error. Values live in E memory and are checked on the
+// device, where they are read anyway: a retain's kept slots (each below the head's length,
+// ascending; a bad one never addresses memory outside its head-sequence) and an append's keys and
+// values (NaN or Inf poisons every score and attention output that reads the row, as
+// method::lifecycle rejects on the host). What the device found is raised as kvsift::error by
+// the next check() (one counted device-to-host read, outside any captured step), as a GPU reports
+// a kernel's failure; unlike on the host, the offending append or retain has happened by then.
 //
 // Laws (tests/thrust/test_dense_store.cpp): after the same appends, retains and resets its rows,
 // positions and lengths equal store::dense's in slot order and its columns move with their rows;
 // append and retain allocate nothing and read nothing back once warm (exec::sim's counters).
 
+#include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/core/shape.hpp>
 #include <kvsift/core/view.hpp>
@@ -81,6 +85,7 @@ struct append_rows_fn {
   std::int64_t seq0;
   std::int64_t capacity;
   std::int32_t first;
+  int* nonfinite;                 // set to 1 when a key or value is NaN or Inf
   KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
     const int d = k.dim;
     const int c = static_cast<int>(e % d);
@@ -88,8 +93,12 @@ struct append_rows_fn {
     const int h = static_cast<int>(th % k.heads);
     const int t = static_cast<int>(th / k.heads);
     const std::int64_t row = (seq0 + h) * capacity + lengths[seq0 + h] + t;
-    keys[row * d + c] = k.row(t, h)[c];
-    values[row * d + c] = v.row(t, h)[c];
+    const T key = k.row(t, h)[c];
+    const T value = v.row(t, h)[c];
+    keys[row * d + c] = key;
+    values[row * d + c] = value;
+    const float fk = to_float(key), fv = to_float(value);
+    if (!(fk - fk == 0.0f && fv - fv == 0.0f)) *nonfinite = 1;  // x - x is NaN for NaN and Inf
     if (c == 0) {
       positions[row] = first + t;
       for (int j = 0; j < num_columns; ++j) columns[j * column_stride + row] = 0.0f;
@@ -165,7 +174,7 @@ class dense_store {
         offsets_(exec, static_cast<std::size_t>(sequences_) + 1),
         kept_offsets_(exec, static_cast<std::size_t>(shape_.kv_heads) + 1),
         kept_(exec, static_cast<std::size_t>(shape_.kv_heads) * capacity_),
-        error_(exec, 1),
+        error_(exec, 2),
         workspace_(exec, workspace_bytes(shape_, capacity_)),
         length_(static_cast<std::size_t>(sequences_), 0),
         next_(static_cast<std::size_t>(requests_) * shape_.layers, 0),
@@ -176,7 +185,7 @@ class dense_store {
     const auto policy = exec_.policy();
     ::thrust::fill_n(policy, lengths_.data(), sequences_, 0);
     ::thrust::fill_n(policy, offsets_.data(), sequences_ + 1, 0);
-    ::thrust::fill_n(policy, error_.data(), 1, 0);
+    ::thrust::fill_n(policy, error_.data(), 2, 0);
   }
 
   dense_store(const dense_store&) = delete;
@@ -253,7 +262,8 @@ class dense_store {
         static_cast<std::int64_t>(k.tokens) * shape_.kv_heads * shape_.head_dim,
         detail::append_rows_fn<T, L, memory_space>{
             k, v, keys_, values_, positions_.data(), columns_data_.data(), columns_,
-            sequences_ * capacity_, lengths_.data(), seq0, capacity_, first_position});
+            sequences_ * capacity_, lengths_.data(), seq0, capacity_, first_position,
+            error_.data() + 1});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), shape_.kv_heads,
                          detail::grow_lengths_fn{lengths_.data(), seq0, k.tokens});
     for (int h = 0; h < shape_.kv_heads; ++h) length_[seq0 + h] += k.tokens;
@@ -315,16 +325,20 @@ class dense_store {
   }
 
   // Raises what the device found since the last check (a retain's slots out of range or not
-  // ascending) as kvsift::error, and clears it. One counted device-to-host read: call it outside
-  // captured steps (between requests, with stats).
+  // ascending; a NaN or Inf key or value appended) as kvsift::error, and clears it. One counted
+  // device-to-host read: call it outside captured steps (between requests, with stats).
   void check() {
-    int error = 0;
-    copy_to_host(exec_, error_, std::span<int>(&error, 1));
-    if (error == 0) return;
-    ::thrust::fill_n(exec_.policy(), error_.data(), 1, 0);
-    throw make_error("thrust::dense_store.retain", "kept", "slots found invalid on the device",
-                     "ascending slots below each head's length (each offending slot i was "
-                     "replaced by slot i)");
+    int error[2] = {0, 0};
+    copy_to_host(exec_, error_, std::span<int>(error, 2));
+    if (error[0] == 0 && error[1] == 0) return;
+    ::thrust::fill_n(exec_.policy(), error_.data(), 2, 0);
+    if (error[0] != 0) {
+      throw make_error("thrust::dense_store.retain", "kept", "slots found invalid on the device",
+                       "ascending slots below each head's length (each offending slot i was "
+                       "replaced by slot i)");
+    }
+    throw make_error("thrust::dense_store.append", "k/v", "NaN or Inf found on the device",
+                     "finite numbers (NaN/Inf activations poison every score that reads them)");
   }
 
   // Bytes of E memory the store allocated for its metadata and scratch (and its rows when it
@@ -393,7 +407,7 @@ class dense_store {
   buffer<std::int32_t, E> offsets_;       // [sequences + 1] CSR of lengths (key_rows())
   buffer<std::int32_t, E> kept_offsets_;  // [kv_heads + 1] a retain's descriptor
   buffer<std::int32_t, E> kept_;          // [kv_heads * capacity] a retain's checked slots
-  buffer<int, E> error_;                  // [1] set by the device, raised by check()
+  buffer<int, E> error_;                  // [2] set by the device (bad kept slot, NaN/Inf), raised by check()
   buffer<std::byte, E> workspace_;        // compact_rows scratch
   std::vector<int> length_;               // host shadow: [sequences]
   std::vector<std::int32_t> next_;        // host shadow: [requests * layers]

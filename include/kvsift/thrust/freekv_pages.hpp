@@ -109,7 +109,7 @@ struct freekv_merge_fn {
       for (int g = 0; g < f.group; ++g) {
         const std::int64_t e = static_cast<std::int64_t>(s) * f.group + g;
         const float p = std::exp(f.bound(f.query(s, g), s, pg) - row_max[e]);
-        acc += p * row_inv[e];
+        acc += mul_rn(p, row_inv[e]);
       }
       out[pg] = acc / static_cast<float>(f.group);
       return;

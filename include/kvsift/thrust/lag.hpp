@@ -20,6 +20,7 @@
 //   5. combine s_K + value_weight * s_V                                     one thread per token
 // Workspace from lag_workspace_bytes(N, S, d, lag). Cost O(N d).
 
+#include <kvsift/core/dot.hpp>
 #include <kvsift/thrust/math.hpp>
 
 #include <cmath>
@@ -132,7 +133,7 @@ KVSIFT_HOST_DEVICE inline float normalised_std(const T* x, const float* mn, cons
     const double range = static_cast<double>(mx[c]) - mn[c];
     const double y =
         mx[c] == mn[c] ? 0.0 : (static_cast<double>(to_float(x[c])) - mn[c]) / range;
-    ss += (y - mean) * (y - mean);
+    ss += mul_rn(y - mean, y - mean);
   }
   return static_cast<float>(std::sqrt(ss / (d - 1)));
 }
@@ -185,7 +186,8 @@ struct knorm_fn {
     const T* k = keys.row(s, j);
     double acc = 0.0;  // score::lag_relative's knorm: in double
     for (int c = 0; c < keys.dim; ++c) {
-      acc += static_cast<double>(to_float(k[c])) * to_float(k[c]);
+      const double kc = to_float(k[c]);
+      acc += mul_rn(kc, kc);
     }
     out[e] = static_cast<float>(-std::sqrt(acc));
   }
@@ -227,7 +229,7 @@ struct lag_combine_fn {
     const int rel = static_cast<int>(e - offsets[s]) - base[s];
     const int parts = part_offsets[s + 1] - part_offsets[s];
     if (rel >= 0 && parts >= 2 && rel < (parts - 1) * p.lag) {
-      sk[e] += static_cast<float>(p.value_weight) * sv[e];
+      sk[e] += mul_rn(static_cast<float>(p.value_weight), sv[e]);
     }
   }
 };

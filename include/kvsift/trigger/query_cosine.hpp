@@ -2,6 +2,7 @@
 #pragma once
 
 #include <kvsift/core/config.hpp>
+#include <kvsift/core/dot.hpp>
 #include <kvsift/core/error.hpp>
 
 #include <cmath>
@@ -23,9 +24,10 @@ KVSIFT_HOST_DEVICE inline float group_cos_mean(const float* a, const float* b, i
     const float* y = b + static_cast<std::int64_t>(g) * d;
     double xy = 0.0, xx = 0.0, yy = 0.0;
     for (int c = 0; c < d; ++c) {
-      xy += static_cast<double>(x[c]) * y[c];
-      xx += static_cast<double>(x[c]) * x[c];
-      yy += static_cast<double>(y[c]) * y[c];
+      const double xc = x[c], yc = y[c];
+      xy += mul_rn(xc, yc);  // never fused on the device (core/dot.hpp)
+      xx += mul_rn(xc, xc);
+      yy += mul_rn(yc, yc);
     }
     acc += xx > 0.0 && yy > 0.0 ? xy / std::sqrt(xx * yy) : 0.0;
   }

@@ -3,8 +3,8 @@
 // `--backend thrust`. Compiled only into kvsift-conformance-thrust-cpp / -omp (g++ with
 // THRUST_DEVICE_SYSTEM = CPP or OMP); the same code compiled by nvcc runs on a GPU.
 //
-// Thrust kinds (21; kinds.cmake's KVSIFT_CONFORMANCE_THRUST_KINDS, `--list-kinds --backend
-// thrust`), by file:
+// Thrust kinds (29: every kind but calibrate.*; kinds.cmake's KVSIFT_CONFORMANCE_THRUST_KINDS,
+// `--list-kinds --backend thrust`), by file:
 //   kinds_thrust.cpp           select.topk, score.snapkv, method.snapkv.prefill,
 //                              method.pyramidkv.prefill, score.quest_pages, method.quest.select,
 //                              score.lagkv, method.lagkv.prefill, score.freekv_pages,
@@ -13,6 +13,10 @@
 //                              method.streaming_llm.prefill
 //   kinds_thrust_freekv.cpp    trigger.query_cosine
 //   kinds_thrust_dynamickv.cpp method.dynamickv.prefill, budget.dynamickv
+//   kinds_thrust_decode.cpp    method.streaming_llm.decode, method.h2o.decode,
+//                              method.quest.decode, method.lagkv.decode
+//   kinds_thrust_tiered.cpp    method.synckv.decode, method.freekv.decode,
+//                              method.heterocache.prefill, method.heterocache.decode
 //   kinds_thrust_host.cpp      budget.fraction, budget.pyramidkv, budget.synckv,
 //                              budget.heterocache: host arithmetic on every backend (budgets are
 //                              shapes, computed on the host), the CPU handlers' own bodies
