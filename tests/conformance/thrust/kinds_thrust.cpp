@@ -299,25 +299,7 @@ const kc::registrar score_lagkv{
       }
     }};
 
-// LagKV's prefill on the device. The rounds of SPEC's chunk-by-chunk recursion (first S + 2L
-// tokens, then chunks of L) score partition p against raw partition p + 1 whatever the chunking,
-// so they run at once, as kvsift::lagkv's prefill runs them: lag_scores over [S, n) with base S,
-// one segmented top-k whose segments per head are the sink, each scored partition (keeping
-// floor(r L)) and the raw tail (kept whole; both score +inf), then the kept rows gathered.
-
-// Head-local index of kept entry t: its sub-segment's start minus the head's first token.
-struct head_local_fn {
-  const i32* sub_offsets;   // [H * per_head + 1] token offsets of the sub-segments
-  const i32* kept_offsets;  // [H * per_head + 1] CSR of the kept sub-segment-local indices
-  int num_sub;
-  int per_head;
-  int n;
-  i32* kept;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
-    const int s = kt::detail::segment_of(kept_offsets, num_sub, t);
-    kept[t] += sub_offsets[s] - (s / per_head) * n;
-  }
-};
+// LagKV's prefill on the device: lag_prompt_topk (helpers.hpp), then the kept rows gathered.
 
 const kc::registrar method_lagkv_prefill{
     kc::backend::thrust, "method.lagkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
@@ -332,41 +314,8 @@ const kc::registrar method_lagkv_prefill{
       const kt::lag_params p{.lag = L,
                              .value_weight = c.param_d("value_weight"),
                              .variant = lag_variant_of(c)};
-      const auto exec = ::thrust::device;
-      const int base0 = std::min(S, n);
-      const int P = (n - base0) / L;        // full partitions of [base0, n)
-      const int scored = P >= 2 ? P - 1 : 0;  // partitions compressed (= rounds)
-      const std::int64_t N = static_cast<std::int64_t>(H) * n;
       const dvec<float> kd = to_device(keys.f32), vd = to_device(values.f32);
-      const dvec<i32> offsets = to_device(uniform_offsets(H, n));
-      const dvec<i32> base = to_device(std::vector<i32>(static_cast<std::size_t>(H), base0));
-      dvec<float> scores(static_cast<std::size_t>(N));
-      {
-        const kt::segmented_rows<float> rk{raw(kd), raw(offsets), nullptr, 0, H, d};
-        const kt::segmented_rows<float> rv{raw(vd), raw(offsets), nullptr, 0, H, d};
-        dvec<unsigned char> ws(kt::lag_workspace_bytes(N, H, d, L));
-        kt::lag_scores(exec, rk, rv, raw(base), N, p, raw(scores), raw(ws), ws.size());
-      }
-      // sub-segments per head: [0, base0), the scored partitions, the tail (possibly empty)
-      const int per_head = scored + 2;
-      std::vector<i32> sub{0}, budgets;
-      for (int h = 0; h < H; ++h) {
-        sub.push_back(h * n + base0);
-        budgets.push_back(base0);
-        for (int q = 0; q < scored; ++q) {
-          sub.push_back(sub.back() + L);
-          budgets.push_back(k);
-        }
-        sub.push_back((h + 1) * n);
-        budgets.push_back(n - base0 - scored * L);
-      }
-      const int num_sub = H * per_head;
-      const dvec<i32> sub_d = to_device(sub);
-      auto kept = device_topk(scores, sub_d, num_sub, budgets, 0,
-                              std::vector<i32>(static_cast<std::size_t>(num_sub), 0));
-      ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), kept.total,
-                           head_local_fn{raw(sub_d), raw(kept.offsets), num_sub, per_head, n,
-                                         raw(kept.values)});
+      auto [kept, per_head, scored, base0] = lag_prompt_topk(kd, vd, H, n, d, S, L, k, p);
       // per-head CSR: every per_head-th sub-segment offset
       const auto sub_kept = to_host(kept.offsets);
       std::vector<i32> head_offsets;

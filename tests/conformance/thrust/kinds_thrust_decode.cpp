@@ -426,21 +426,6 @@ kt::lag_variant lag_variant_of(const kc::case_data& c) {
   throw kc::runner_error("unknown variant");
 }
 
-// Head-local index of kept entry t: its sub-segment's start minus the head's first token (the
-// prefill's sub-segments, as kinds_thrust.cpp's method.lagkv.prefill).
-struct head_local_fn {
-  const i32* sub_offsets;
-  const i32* kept_offsets;
-  int num_sub;
-  int per_head;
-  int n;
-  i32* kept;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
-    const int s = kt::detail::segment_of(kept_offsets, num_sub, t);
-    kept[t] += sub_offsets[s] - (s / per_head) * n;
-  }
-};
-
 const kc::registrar method_lagkv_decode{
     kc::backend::thrust, "method.lagkv.decode", [](const kc::case_data& c, kc::outputs& out) {
       const auto& keys = c.in("keys");
@@ -463,39 +448,8 @@ const kc::registrar method_lagkv_decode{
       int frozen = 0;  // the frozen prefix of every head (host: it follows from the rounds)
       // prompt: the rounds of the chunked recursion at once (kinds_thrust.cpp's prefill)
       {
-        const int base0 = std::min(S, n);
-        const int P = (n - base0) / L;
-        const int scored = P >= 2 ? P - 1 : 0;
-        const std::int64_t N = static_cast<std::int64_t>(H) * n;
         const dvec<float> kd = to_device(keys.f32), vd = to_device(values.f32);
-        const dvec<i32> offsets = to_device(uniform_offsets(H, n));
-        const dvec<i32> base = to_device(std::vector<i32>(static_cast<std::size_t>(H), base0));
-        dvec<float> scores(static_cast<std::size_t>(N));
-        {
-          const kt::segmented_rows<float> rk{raw(kd), raw(offsets), nullptr, 0, H, d};
-          const kt::segmented_rows<float> rv{raw(vd), raw(offsets), nullptr, 0, H, d};
-          dvec<unsigned char> ws(kt::lag_workspace_bytes(N, H, d, L));
-          kt::lag_scores(exec, rk, rv, raw(base), N, p, raw(scores), raw(ws), ws.size());
-        }
-        const int per_head = scored + 2;
-        std::vector<i32> sub{0}, budgets;
-        for (int h = 0; h < H; ++h) {
-          sub.push_back(h * n + base0);
-          budgets.push_back(base0);
-          for (int q = 0; q < scored; ++q) {
-            sub.push_back(sub.back() + L);
-            budgets.push_back(k);
-          }
-          sub.push_back((h + 1) * n);
-          budgets.push_back(n - base0 - scored * L);
-        }
-        const int num_sub = H * per_head;
-        const dvec<i32> sub_d = to_device(sub);
-        auto kept = device_topk(scores, sub_d, num_sub, budgets, 0,
-                                std::vector<i32>(static_cast<std::size_t>(num_sub), 0));
-        ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), kept.total,
-                             head_local_fn{raw(sub_d), raw(kept.offsets), num_sub, per_head, n,
-                                           raw(kept.values)});
+        auto [kept, per_head, scored, base0] = lag_prompt_topk(kd, vd, H, n, d, S, L, k, p);
         const int kept_per_head = n - scored * (L - k);
         device_sets per_head_sets{to_device(uniform_offsets(H, kept_per_head)),
                                   std::move(kept.values), kept.total};
