@@ -270,6 +270,25 @@ TEMPLATE_LIST_TEST_CASE("thrust::dense_store: a NaN or Inf key or value appended
       CHECK_NOTHROW(f.dev.check());  // raised once
     }
   }
+  // both found before one check(): the slot error is raised and names the other too
+  fixture<TestType> f;
+  std::mt19937 rng(6);
+  const int H = f.shape.kv_heads, d = f.shape.head_dim;
+  auto k = random_rows(rng, 4, H, d);
+  k[1] = std::numeric_limits<float>::quiet_NaN();
+  f.append(2, 0, k, random_rows(rng, 4, H, d), 4, 0);
+  const std::vector<std::int32_t> bad{3, 1, 0, 1};  // head 0 descending
+  copy_to_device(f.e, std::span<const std::int32_t>(bad), f.kept_in);
+  f.dev.retain(2, 0, std::vector<int>{2, 2}, f.kept_in.data());
+  try {
+    f.dev.check();
+    FAIL("check() did not raise");
+  } catch (const kvsift::error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("kept") != std::string::npos);
+    CHECK(what.find("also: a NaN or Inf") != std::string::npos);
+  }
+  CHECK_NOTHROW(f.dev.check());
 }
 
 TEMPLATE_LIST_TEST_CASE("thrust::dense_store over engine memory allocates only its metadata",

@@ -332,10 +332,12 @@ class dense_store {
     copy_to_host(exec_, error_, std::span<int>(error, 2));
     if (error[0] == 0 && error[1] == 0) return;
     ::thrust::fill_n(exec_.policy(), error_.data(), 2, 0);
+    const std::string also =
+        error[0] != 0 && error[1] != 0 ? "; also: a NaN or Inf key or value was appended" : "";
     if (error[0] != 0) {
       throw make_error("thrust::dense_store.retain", "kept", "slots found invalid on the device",
                        "ascending slots below each head's length (each offending slot i was "
-                       "replaced by slot i)");
+                       "replaced by slot i)" + also);
     }
     throw make_error("thrust::dense_store.append", "k/v", "NaN or Inf found on the device",
                      "finite numbers (NaN/Inf activations poison every score that reads them)");
