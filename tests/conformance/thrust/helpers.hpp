@@ -13,6 +13,7 @@
 #include "../runner.hpp"
 
 #include <kvsift/core/error.hpp>
+#include <kvsift/score/lag.hpp>
 #include <kvsift/thrust/all.hpp>
 
 #include <thrust/copy.h>
@@ -120,6 +121,16 @@ inline device_sets device_topk(const dvec<float>& scores, const dvec<i32>& offse
   kt::segmented_topk(exec, raw(scores), raw(offsets), segments, n, raw(r.offsets), r.total,
                      raw(r.values), raw(ws), ws.size(), kt::topk_protection{sink, raw(w)});
   return r;
+}
+
+// The case's `variant` as the Thrust backend's enum (score::parse_lag_variant's names).
+inline kt::lag_variant lag_variant_of(const kc::case_data& c) {
+  switch (kvsift::score::parse_lag_variant(c.param_s("variant"))) {
+    case kvsift::score::lag_variant::lag: return kt::lag_variant::lag;
+    case kvsift::score::lag_variant::local: return kt::lag_variant::local;
+    case kvsift::score::lag_variant::knorm: return kt::lag_variant::knorm;
+  }
+  throw kc::runner_error("unknown variant");
 }
 
 // LagKV's prompt on the device (method.lagkv.prefill, and the prompt round of

@@ -253,16 +253,6 @@ const kc::registrar method_quest_select{
 
 // ---- LagKV: lag_scores ---------------------------------------------------------------------------
 
-// The case's `variant` as the Thrust backend's enum (score::parse_lag_variant's names).
-kt::lag_variant lag_variant_of(const kc::case_data& c) {
-  switch (kvsift::score::parse_lag_variant(c.param_s("variant"))) {
-    case kvsift::score::lag_variant::lag: return kt::lag_variant::lag;
-    case kvsift::score::lag_variant::local: return kt::lag_variant::local;
-    case kvsift::score::lag_variant::knorm: return kt::lag_variant::knorm;
-  }
-  throw kc::runner_error("unknown variant");
-}
-
 const kc::registrar score_lagkv{
     kc::backend::thrust, "score.lagkv", [](const kc::case_data& c, kc::outputs& out) {
       const auto& keys = c.in("keys");

@@ -417,15 +417,6 @@ const kc::registrar method_quest_decode{
 
 // ---- LagKV ----------------------------------------------------------------------------------------
 
-kt::lag_variant lag_variant_of(const kc::case_data& c) {
-  switch (kvsift::score::parse_lag_variant(c.param_s("variant"))) {
-    case kvsift::score::lag_variant::lag: return kt::lag_variant::lag;
-    case kvsift::score::lag_variant::local: return kt::lag_variant::local;
-    case kvsift::score::lag_variant::knorm: return kt::lag_variant::knorm;
-  }
-  throw kc::runner_error("unknown variant");
-}
-
 const kc::registrar method_lagkv_decode{
     kc::backend::thrust, "method.lagkv.decode", [](const kc::case_data& c, kc::outputs& out) {
       const auto& keys = c.in("keys");
