@@ -85,22 +85,11 @@ void attend_plan(const Store& store, int request, int layer, const float* q,
     const auto seq = sh.sequence(request, layer, h);
     const auto slots = plan[first_segment + h];
     thread_local std::vector<float> logits;
-    const float* qh = q + static_cast<std::size_t>(h) * G * d;
-    float* oh = out + static_cast<std::size_t>(h) * G * d;
-    if constexpr (requires { store.rows_of(seq, slots, static_cast<std::int32_t*>(nullptr)); }) {
-      if (!store.rows_in_slot_order(seq)) {  // rows reordered by a retain: translate once
-        thread_local std::vector<std::int32_t> rows;
-        rows.resize(slots.size());
-        store.rows_of(seq, slots, rows.data());
-        cpu::attend_group<T>(
-            qh, G, d, slots.size(), [&](std::size_t j) { return store.key_at_row(seq, rows[j]); },
-            [&](std::size_t j) { return store.value_at_row(seq, rows[j]); }, oh, scale, logits);
-        return;
-      }
-    }
     cpu::attend_group<T>(
-        qh, G, d, slots.size(), [&](std::size_t j) { return store.key(seq, slots[j]); },
-        [&](std::size_t j) { return store.value(seq, slots[j]); }, oh, scale, logits);
+        q + static_cast<std::size_t>(h) * G * d, G, d, slots.size(),
+        [&](std::size_t j) { return store.key(seq, slots[j]); },
+        [&](std::size_t j) { return store.value(seq, slots[j]); },
+        out + static_cast<std::size_t>(h) * G * d, scale, logits);
   }, cpu::par, work);
 }
 

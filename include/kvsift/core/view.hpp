@@ -86,6 +86,17 @@ struct kv_view {
   }
 };
 
+// The keys and values of one append: each [tokens, heads, dim] (validate above), the same tokens
+// (the checks every store's append starts with, host and device stores alike).
+template <class T, class Layout, MemorySpace Space>
+void validate_kv_pair(std::string_view where, const kv_view<T, Layout, Space>& k,
+                      const kv_view<T, Layout, Space>& v, int heads, int dim) {
+  k.validate(where, "k", heads, dim);
+  v.validate(where, "v", heads, dim);
+  require(v.tokens == k.tokens, where, "v.tokens", v.tokens,
+          [&] { return "k.tokens (" + std::to_string(k.tokens) + ")"; });
+}
+
 // Paged view of one layer for a batch of requests: pages of `page_size` tokens, addressed by a
 // FlashInfer-style CSR page table. Token t of request r lives in page
 // indices[indptr[r] + t / page_size] at slot t % page_size.

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 namespace kvsift::cpu {
 
@@ -50,18 +49,6 @@ void attention_row_over(const Store& store, std::int64_t seq, const float* q,
                         std::span<const std::int32_t> slots, std::span<float> probs) {
   const int d = store.shape().head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  if constexpr (requires { store.rows_of(seq, slots, static_cast<std::int32_t*>(nullptr)); }) {
-    if (!store.rows_in_slot_order(seq)) {  // rows reordered by a retain: translate once
-      thread_local std::vector<std::int32_t> rows;
-      rows.resize(slots.size());
-      store.rows_of(seq, slots, rows.data());
-      for (std::size_t i = 0; i < slots.size(); ++i) {
-        probs[i] = dot(q, store.key_at_row(seq, rows[i]), d) * scale;
-      }
-      softmax(probs.first(slots.size()));
-      return;
-    }
-  }
   for (std::size_t i = 0; i < slots.size(); ++i) {
     probs[i] = dot(q, store.key(seq, slots[i]), d) * scale;
   }

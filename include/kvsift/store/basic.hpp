@@ -75,22 +75,6 @@ class basic_store {
     if (ordered_[seq]) [[likely]] return slot;  // in order: no map to read
     return mapped_row(seq, slot);
   }
-  // rows[i] = row(seq, slots[i]) in one pass over the map: a loop over many slots of a reordered
-  // head-sequence (attention over a plan) translates once, then reads key_at_row/value_at_row,
-  // instead of a map lookup per key and per value.
-  void rows_of(std::int64_t seq, std::span<const std::int32_t> slots, std::int32_t* rows) const {
-    if (ordered_[seq]) {
-      std::copy(slots.begin(), slots.end(), rows);
-      return;
-    }
-    for (std::size_t i = 0; i < slots.size(); ++i) rows[i] = *self().row_slot(seq, slots[i]);
-  }
-  [[nodiscard]] const T* key_at_row(std::int64_t seq, int row) const {
-    return self().key_slot(seq, row);
-  }
-  [[nodiscard]] const T* value_at_row(std::int64_t seq, int row) const {
-    return self().value_slot(seq, row);
-  }
   // Whether slot i is row i for every resident token of seq (true until a retain fills holes
   // out of order; a page plan over the store's own pages needs it).
   [[nodiscard]] bool rows_in_slot_order(std::int64_t seq) const { return ordered_[seq] != 0; }
@@ -120,10 +104,7 @@ class basic_store {
               std::int32_t first_position) {
     constexpr std::string_view where = "store.append";
     check_request_layer(where, request, layer);
-    k.validate(where, "k", shape_.kv_heads, shape_.head_dim);
-    v.validate(where, "v", shape_.kv_heads, shape_.head_dim);
-    require(v.tokens == k.tokens, where, "v.tokens", v.tokens,
-            [&] { return "k.tokens (" + std::to_string(k.tokens) + ")"; });
+    validate_kv_pair(where, k, v, shape_.kv_heads, shape_.head_dim);
     const std::int32_t next = next_position(request, layer);
     require(first_position >= next, where, "first_position", first_position, [&] {
       return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";

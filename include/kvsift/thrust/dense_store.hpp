@@ -238,10 +238,7 @@ class dense_store {
               kv_view<const T, L, memory_space> v, std::int32_t first_position) {
     constexpr std::string_view where = "thrust::dense_store.append";
     check_request_layer(where, request, layer);
-    k.validate(where, "k", shape_.kv_heads, shape_.head_dim);
-    v.validate(where, "v", shape_.kv_heads, shape_.head_dim);
-    require(v.tokens == k.tokens, where, "v.tokens", v.tokens,
-            [&] { return "k.tokens (" + std::to_string(k.tokens) + ")"; });
+    validate_kv_pair(where, k, v, shape_.kv_heads, shape_.head_dim);
     const std::int32_t next = next_position(request, layer);
     require(first_position >= next, where, "first_position", first_position, [&] {
       return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";
