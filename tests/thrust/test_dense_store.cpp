@@ -111,6 +111,16 @@ struct fixture {
     copy_to_host(e, cb, std::span<float>(column));
     copy_to_host(e, pb, std::span<std::int32_t>(positions));
     REQUIRE(dev.resident_tokens() == ref.resident_tokens());
+    // key_rows()'s offsets (scanned on the device after each change) give every length
+    const auto kr = dev.key_rows();
+    REQUIRE(kr.offsets == dev.value_rows().offsets);
+    std::vector<std::int32_t> offsets(static_cast<std::size_t>(dev.sequences()) + 1);
+    buffer<std::int32_t, E> ob{e, offsets.size()};
+    ::thrust::copy_n(e.policy(), kr.offsets, offsets.size(), ob.data());
+    copy_to_host(e, ob, std::span<std::int32_t>(offsets));
+    for (std::int64_t seq = 0; seq < dev.sequences(); ++seq) {
+      REQUIRE(offsets[seq + 1] - offsets[seq] == ref.length(seq));
+    }
     for (int r = 0; r < requests; ++r) {
       for (int l = 0; l < shape.layers; ++l) {
         REQUIRE(dev.next_position(r, l) == ref.next_position(r, l));

@@ -226,7 +226,8 @@ class dense_store {
     return columns_data_.data() + static_cast<std::size_t>(j) * sequences_ * capacity_;
   }
   // Every head-sequence's keys (values) as segmented rows with their positions: the offsets are
-  // refreshed from the device lengths on the device (one scan, nothing read back).
+  // refreshed from the device lengths on the device (one scan after a change, shared by both;
+  // nothing read back).
   [[nodiscard]] segmented_rows<T> key_rows() { return rows_of(keys_); }
   [[nodiscard]] segmented_rows<T> value_rows() { return rows_of(values_); }
 
@@ -263,6 +264,7 @@ class dense_store {
             error_.data() + 1});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), shape_.kv_heads,
                          detail::grow_lengths_fn{lengths_.data(), seq0, k.tokens});
+    offsets_stale_ = true;
     for (int h = 0; h < shape_.kv_heads; ++h) length_[seq0 + h] += k.tokens;
     next_[static_cast<std::size_t>(request) * shape_.layers + layer] = first_position + k.tokens;
   }
@@ -308,6 +310,7 @@ class dense_store {
     }
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), H,
                          detail::set_lengths_fn{lengths_.data(), kept_offsets_.data(), seq0});
+    offsets_stale_ = true;
     for (int h = 0; h < H; ++h) length_[seq0 + h] = kept_counts[h];
   }
 
@@ -317,6 +320,7 @@ class dense_store {
             [&] { return "in [0, " + std::to_string(requests_) + ")"; });
     const std::int64_t per = shape_.sequences_per_request();
     ::thrust::fill_n(exec_.policy(), lengths_.data() + request * per, per, 0);
+    offsets_stale_ = true;
     for (std::int64_t s = 0; s < per; ++s) length_[request * per + s] = 0;
     for (int l = 0; l < shape_.layers; ++l) next_[static_cast<std::size_t>(request) * shape_.layers + l] = 0;
   }
@@ -381,8 +385,11 @@ class dense_store {
             [&] { return "in [0, " + std::to_string(shape_.layers) + ")"; });
   }
   segmented_rows<T> rows_of(const T* data) {
-    ::thrust::inclusive_scan(exec_.policy(), lengths_.data(), lengths_.data() + sequences_,
-                             offsets_.data() + 1);
+    if (offsets_stale_) {
+      ::thrust::inclusive_scan(exec_.policy(), lengths_.data(), lengths_.data() + sequences_,
+                               offsets_.data() + 1);
+      offsets_stale_ = false;
+    }
     return segmented_rows<T>{data,
                              offsets_.data(),
                              positions_.data(),
@@ -404,6 +411,7 @@ class dense_store {
   buffer<float, E> columns_data_;         // [columns, sequences, capacity]
   buffer<std::int32_t, E> lengths_;       // [sequences]
   buffer<std::int32_t, E> offsets_;       // [sequences + 1] CSR of lengths (key_rows())
+  bool offsets_stale_ = false;            // lengths changed since offsets_ was scanned
   buffer<std::int32_t, E> kept_offsets_;  // [kv_heads + 1] a retain's descriptor
   buffer<std::int32_t, E> kept_;          // [kv_heads * capacity] a retain's checked slots
   buffer<int, E> error_;                  // [2] set by the device (bad kept slot, NaN/Inf), raised by check()
