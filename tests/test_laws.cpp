@@ -496,7 +496,7 @@ TEST_CASE("quest selects min(pages) per step including the current page; KV stay
 namespace {
 // Runs a method over a batch (prefill + 3 decode steps) and returns every plan's positions and
 // the final resident positions.
-template <template <class> class Method, class Params>
+template <template <class...> class Method, class Params>
 std::vector<std::vector<std::int32_t>> run_trace(const batch& b, const Params& prm, int chunk = 0,
                                                  int decode_steps = 3) {
   store_t s(kShape, 3, 90);

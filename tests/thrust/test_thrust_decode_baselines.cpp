@@ -132,8 +132,10 @@ kvsift::index_sets random_kept(int H, int n, int keep, std::mt19937& rng) {
 
 TEST_CASE("thrust::append_rows / pack_rows / gather_positions follow store::dense through appends "
           "and retains", "[thrust][decode-baselines]") {
-  const auto [H, d, n, steps] = GENERATE(std::tuple{1, 4, 5, 6}, std::tuple{2, 8, 17, 9},
-                                         std::tuple{3, 16, 40, 12});
+  // std::tie, not a structured binding: clang 14 cannot capture bindings in a lambda
+  int H, d, n, steps;
+  std::tie(H, d, n, steps) = GENERATE(std::tuple{1, 4, 5, 6}, std::tuple{2, 8, 17, 9},
+                                      std::tuple{3, 16, 40, 12});
   CAPTURE(H, d, n, steps);
   for_each_policy([&](const auto& exec, const std::string& name) {
     CAPTURE(name);
@@ -188,8 +190,9 @@ TEST_CASE("thrust::append_rows / pack_rows / gather_positions follow store::dens
 
 TEST_CASE("thrust::cumulative_attention_observe == score::cumulative_attention::observe over "
           "decode steps with evictions", "[thrust][decode-baselines]") {
-  const auto [H, G, d, n, steps] = GENERATE(std::tuple{1, 1, 8, 6, 5}, std::tuple{2, 2, 16, 20, 8},
-                                            std::tuple{2, 4, 8, 33, 10});
+  int H, G, d, n, steps;
+  std::tie(H, G, d, n, steps) = GENERATE(std::tuple{1, 1, 8, 6, 5}, std::tuple{2, 2, 16, 20, 8},
+                                         std::tuple{2, 4, 8, 33, 10});
   const auto mode = GENERATE(kvsift::gqa_reduce::mean, kvsift::gqa_reduce::max,
                              kvsift::gqa_reduce::sum);
   CAPTURE(H, G, d, n, steps, static_cast<int>(mode));
@@ -259,7 +262,8 @@ TEST_CASE("thrust::cumulative_attention_observe == score::cumulative_attention::
 
 TEST_CASE("thrust::page_digest_tail + strided page_scores == cpu::page_digest and the packed "
           "page_scores, token by token", "[thrust][decode-baselines]") {
-  const auto [H, G, d, ps, n, steps] =
+  int H, G, d, ps, n, steps;
+  std::tie(H, G, d, ps, n, steps) =
       GENERATE(std::tuple{1, 2, 8, 8, 7, 12}, std::tuple{2, 2, 16, 16, 47, 20},
                std::tuple{3, 1, 4, 4, 16, 9});
   CAPTURE(H, G, d, ps, n, steps);
@@ -312,7 +316,8 @@ TEST_CASE("thrust::page_digest_tail + strided page_scores == cpu::page_digest an
 }
 
 TEST_CASE("thrust::expand_page_slots == select::expand_pages", "[thrust][decode-baselines]") {
-  const auto [S, ps] = GENERATE(std::pair{1, 4}, std::pair{3, 8}, std::pair{5, 16});
+  int S, ps;
+  std::tie(S, ps) = GENERATE(std::pair{1, 4}, std::pair{3, 8}, std::pair{5, 16});
   CAPTURE(S, ps);
   for_each_policy([&](const auto& exec, const std::string& name) {
     CAPTURE(name);
@@ -357,8 +362,9 @@ TEST_CASE("thrust::expand_page_slots == select::expand_pages", "[thrust][decode-
 
 TEST_CASE("thrust::segmented_evict_one keeps what segmented_topk and the CPU top-k keep",
           "[thrust][decode-baselines]") {
-  const auto [S, sink, max_n] = GENERATE(std::tuple{1, 0, 5}, std::tuple{4, 4, 40},
-                                         std::tuple{7, 2, 300});
+  int S, sink, max_n;
+  std::tie(S, sink, max_n) = GENERATE(std::tuple{1, 0, 5}, std::tuple{4, 4, 40},
+                                      std::tuple{7, 2, 300});
   CAPTURE(S, sink, max_n);
   for_each_policy([&](const auto& exec, const std::string& name) {
     CAPTURE(name);
