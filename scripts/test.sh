@@ -3,7 +3,7 @@
 # The whole test suite, as CI runs it on a fresh Debian bookworm machine:
 #   1. setup (scripts/setup.sh)
 #   2. release build: unit/law tests, conformance vectors, Thrust parity (CPP + OMP), compile-fail
-#   3. sanitizer build (ASan + UBSan): the same tests; fuzz targets (clang libFuzzer, fuzz/)
+#   3. sanitizer build (clang++ -O1, ASan + UBSan): the same tests; fuzz targets (clang libFuzzer, fuzz/)
 #   4. installed package: `cmake --install`, then tests/consumer builds against find_package(kvsift)
 #   5. CUDA build with nvcc for sm_80 and sm_90 (when /usr/local/cuda exists); GPU tests run and
 #      report skipped without a device
@@ -18,7 +18,7 @@ cmake --preset release
 cmake --build --preset release -j "$JOBS"
 ctest --preset release -j "$JOBS"
 
-echo "== sanitizer build (ASan + UBSan) and tests"
+echo "== sanitizer build (clang++, ASan + UBSan) and tests"
 cmake --preset sanitize
 cmake --build --preset sanitize -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset sanitize -j "$JOBS" -LE compile_fail

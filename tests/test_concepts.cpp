@@ -93,7 +93,7 @@ struct query_scorer_without_window {
 struct scorer_without_params_constructor {
   using kvsift_role = kvsift::scorer_tag;
   using granularity = kvsift::token_level;
-  static constexpr bool needs_queries = false;
+  [[maybe_unused]] static constexpr bool needs_queries = false;
   struct params {};
   explicit scorer_without_params_constructor(int) {}
 };

@@ -364,7 +364,6 @@ TEST_CASE("heterocache: placement, plans, resident KV, outputs, and every retrie
           CHECK(std::ranges::equal(m.reference(0, l, h), want_ref));
           want_ref.clear();
         }
-        std::int64_t resident = 0;
         for (int h = 0; h < hkv; ++h) {
           CAPTURE(t, l, h);
           const auto p = plan.positions[h];
@@ -377,7 +376,6 @@ TEST_CASE("heterocache: placement, plans, resident KV, outputs, and every retrie
             for (int j = n; j < n + t; ++j) want.push_back(j);
           }
           CHECK(std::ranges::equal(p, want));
-          resident += static_cast<std::int64_t>(p.size());
         }
         std::vector<float> o(static_cast<std::size_t>(hq) * d);
         m.attend(l, std::span(&tok, 1), o.data());
