@@ -1,13 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// GPU benchmarks of the CUDA backend, timed with CUDA events (UseManualTime) and reporting
-// bytes/s. Without a device the program prints a message and exits 0.
+// GPU benchmarks of the CUDA backend, timed with CUDA events (UseManualTime), with the limits
+// they are judged against measured in the same run: the HBM read rate (a streaming read of
+// 2 GiB), a device-to-device copy and a pinned host-to-device copy. Every kernel figure reports
+// bytes/s and its share of the matching limit (`of_hbm`, `of_h2d`). L2 (50 MB on an H100) is
+// flushed before each timed iteration, so no figure is served from a previous iteration's cache.
+// Without a device the program prints a message and exits 0.
 //
 //   kvsift_cuda_bench --benchmark_filter=attention
+//
+// cuda/torch_reference.py times what a PyTorch user would write on the same shapes.
 
 #include "instantiations.cuh"
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
@@ -19,6 +26,9 @@ using i32 = std::int32_t;
 
 namespace {
 
+double g_hbm_read = 0;  // bytes/s, measured in main()
+double g_h2d = 0;       // bytes/s, pinned host -> device
+
 template <class T>
 kc::device_buffer<T> upload(const std::vector<T>& h) {
   kc::device_buffer<T> d(h.size());
@@ -27,13 +37,60 @@ kc::device_buffer<T> upload(const std::vector<T>& h) {
   return d;
 }
 
-// Times `launch` on `s` with events; one iteration per benchmark iteration.
+// Random contents (the memory system must not see zeros).
+template <class T>
+__global__ void fill_kernel(T* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    p[i] = kvsift::from_float<T>(static_cast<float>(x & 0xffff) / 65536.0f - 0.5f);
+  }
+}
+
+template <class T>
+void fill(kc::device_buffer<T>& b, std::uint32_t seed) {
+  fill_kernel<<<1024, 256>>>(b.data(), b.size(), seed);
+  kc::check(cudaDeviceSynchronize(), "bench fill");
+}
+
+// Streaming read of n 16-byte words; the sum keeps the loads alive.
+__global__ void read_kernel(const uint4* __restrict__ p, std::size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) {
+    *sink = acc;
+  }
+}
+
+// Evicts L2 by writing a buffer larger than it (outside the timed region).
+struct l2_flush {
+  kc::device_buffer<std::byte> junk{std::size_t(256) << 20};
+  void operator()(cudaStream_t s) {
+    kc::check(cudaMemsetAsync(junk.data(), 1, junk.size(), s), "bench flush");
+  }
+};
+
+l2_flush& flusher() {
+  static l2_flush flush;  // one buffer for the whole run
+  return flush;
+}
+
+// Times `launch` on `s` with events, L2 flushed before each iteration.
 template <class F>
 void time_with_events(benchmark::State& state, cudaStream_t s, F&& launch) {
+  l2_flush& flush = flusher();
   kc::event start(true), stop(true);
   launch();  // warm-up
   kc::check(cudaStreamSynchronize(s), "bench warm-up");
   for (auto _ : state) {
+    flush(s);
     start.record(s);
     launch();
     stop.record(s);
@@ -42,23 +99,86 @@ void time_with_events(benchmark::State& state, cudaStream_t s, F&& launch) {
   }
 }
 
-// Segmented top-k: segments of n scores keeping k each (range(0) = n, range(1) = segments).
+// Share of a limit, as a counter averaged over the run's time.
+void share_of(benchmark::State& state, const char* name, double bytes_per_iter, double limit) {
+  state.counters[name] = benchmark::Counter(bytes_per_iter / limit,
+                                            benchmark::Counter::kAvgIterationsRate);
+}
+
+// ---- references -------------------------------------------------------------------------------
+
+void bm_hbm_read(benchmark::State& state) {
+  const std::size_t words = (std::size_t(2) << 30) / 16;
+  kc::device_buffer<uint4> buf(words);
+  kc::device_buffer<unsigned> sink(1);
+  kc::check(cudaMemset(buf.data(), 7, buf.bytes()), "bench");
+  kc::stream st;
+  time_with_events(state, st.get(), [&] {
+    read_kernel<<<132 * 16, 512, 0, st.get()>>>(buf.data(), words, sink.data());
+  });
+  state.SetBytesProcessed(state.iterations() * std::int64_t(buf.bytes()));
+}
+
+void bm_device_copy(benchmark::State& state) {
+  const std::size_t bytes = std::size_t(1) << 30;
+  kc::device_buffer<std::byte> a(bytes), b(bytes);
+  kc::check(cudaMemset(a.data(), 3, bytes), "bench");
+  kc::stream st;
+  time_with_events(state, st.get(), [&] {
+    kc::check(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, st.get()),
+              "bench");
+  });
+  state.SetBytesProcessed(state.iterations() * std::int64_t(2 * bytes));  // read + write
+}
+
+void bm_pinned_h2d(benchmark::State& state) {
+  const std::size_t bytes = std::size_t(256) << 20;
+  kc::pinned_buffer<std::byte> h(bytes);
+  std::fill(h.data(), h.data() + bytes, std::byte{5});
+  kc::device_buffer<std::byte> d(bytes);
+  kc::stream st;
+  time_with_events(state, st.get(), [&] {
+    kc::check(cudaMemcpyAsync(d.data(), h.data(), bytes, cudaMemcpyHostToDevice, st.get()),
+              "bench");
+  });
+  state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
+}
+
+// Median bytes/s of `reps` timed calls (for the shares, before the benchmarks run).
+template <class F>
+double measure_rate(double bytes, int reps, F&& launch) {
+  l2_flush& flush = flusher();
+  kc::stream st;
+  kc::event start(true), stop(true);
+  launch(st.get());
+  std::vector<double> rates;
+  for (int i = 0; i < reps; ++i) {
+    flush(st.get());
+    start.record(st.get());
+    launch(st.get());
+    stop.record(st.get());
+    stop.synchronize();
+    rates.push_back(bytes / (stop.elapsed_ms_since(start) / 1e3));
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+// Segmented top-k: segments of n scores keeping k = n / 10 each (range(0) = n, range(1) =
+// segments), the shapes cuda/torch_reference.py gives torch.topk.
 void bm_segmented_topk(benchmark::State& state) {
   const i32 n = static_cast<i32>(state.range(0));
   const i32 segments = static_cast<i32>(state.range(1));
   const i32 k = n / 10;
-  std::vector<float> scores(std::size_t(n) * segments);
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  for (auto& x : scores) {
-    x = u(rng);
-  }
+  kc::device_buffer<float> d_scores(std::size_t(n) * segments);
+  fill(d_scores, 3);
   std::vector<i32> off(segments + 1), out_off(segments + 1);
   for (i32 s = 0; s <= segments; ++s) {
     off[s] = s * n;
     out_off[s] = s * k;
   }
-  auto d_scores = upload(scores);
   auto d_off = upload(off);
   auto d_out_off = upload(out_off);
   kc::device_buffer<i32> out(std::size_t(k) * segments);
@@ -69,92 +189,142 @@ void bm_segmented_topk(benchmark::State& state) {
     kc::segmented_topk(kc::par{st.get()}, plan, ws.data(), ws.size(), d_scores.data(),
                        d_off.data(), d_out_off.data(), out.data());
   });
+  const double bytes = double(n) * segments * sizeof(float);
   state.SetItemsProcessed(state.iterations() * std::int64_t{n} * segments);
-  state.SetBytesProcessed(state.iterations() * std::int64_t{n} * segments * sizeof(float));
+  state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
+  share_of(state, "of_hbm", bytes, g_hbm_read);
 }
 
-// Sparse decode attention over a token set of `kept` tokens per KV head, Llama-3.1-8B-like
-// layer: 8 KV heads, 32 query heads, d = 128, bf16, dense NHD cache of `context` tokens.
+// Sparse decode attention, Llama-3.1-8B layer: 8 KV heads, 32 query heads, d = 128, a dense NHD
+// cache of `context` tokens per request; each KV head keeps `kept` random tokens (sorted).
+// range: context, kept, batch, split (1: the plan form, 0: one block per head tile).
 template <class T>
 void bm_sparse_attention(benchmark::State& state) {
   const i32 context = static_cast<i32>(state.range(0));
   const i32 kept = static_cast<i32>(state.range(1));
-  const i32 batch = 4, heads = 8, q_heads = 32, d = 128;
+  const i32 batch = static_cast<i32>(state.range(2));
+  const bool split = state.range(3) != 0;
+  const i32 heads = 8, q_heads = 32, d = 128;
   const std::size_t cache = std::size_t(batch) * context * heads * d;
   kc::device_buffer<T> k(cache), v(cache), q(std::size_t(batch) * q_heads * d),
       out(std::size_t(batch) * q_heads * d);
-  kc::check(cudaMemset(k.data(), 0, k.bytes()), "bench");
-  kc::check(cudaMemset(v.data(), 0, v.bytes()), "bench");
-  kc::check(cudaMemset(q.data(), 0, q.bytes()), "bench");
+  fill(k, 1);
+  fill(v, 2);
+  fill(q, 3);
   std::vector<i32> lens(batch, context), off(batch * heads + 1), idx;
-  const i32 stride = context / kept;
+  std::mt19937 rng(5);
+  std::vector<i32> all(context);
+  std::iota(all.begin(), all.end(), 0);
   for (i32 s = 0; s < batch * heads; ++s) {
     off[s] = static_cast<i32>(idx.size());
-    for (i32 j = 0; j < kept; ++j) {
-      idx.push_back(j * stride);
-    }
+    std::shuffle(all.begin(), all.end(), rng);
+    std::vector<i32> pick(all.begin(), all.begin() + kept);
+    std::sort(pick.begin(), pick.end());
+    idx.insert(idx.end(), pick.begin(), pick.end());
   }
   off.back() = static_cast<i32>(idx.size());
   auto d_lens = upload(lens);
   auto d_off = upload(off);
   auto d_idx = upload(idx);
   const auto view = kc::make_dense_nhd<T>(k.data(), v.data(), d_lens.data(), context, heads, d);
+  const kc::sparse_attention_shape shape{batch, q_heads, 0.0f};
+  const auto plan = kc::make_sparse_attention_plan(shape, heads, d, kept);
+  kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
+  const kc::token_set set{d_off.data(), d_idx.data()};
   kc::stream st;
   time_with_events(state, st.get(), [&] {
-    kc::sparse_decode_attention(kc::par{st.get()}, q.data(), view,
-                                kc::token_set{d_off.data(), d_idx.data()},
-                                kc::sparse_attention_shape{batch, q_heads, 0.0f}, out.data());
+    if (split) {
+      kc::sparse_decode_attention(kc::par{st.get()}, plan, ws.data(), ws.size(), q.data(), view,
+                                  set, shape, out.data());
+    } else {
+      kc::sparse_decode_attention(kc::par{st.get()}, q.data(), view, set, shape, out.data());
+    }
   });
-  const std::int64_t bytes = std::int64_t{2} * batch * heads * kept * d * sizeof(T);
-  state.SetBytesProcessed(state.iterations() * bytes);  // K and V rows read once per head
+  // what it must read: K and V rows of the kept tokens, once per KV head
+  const double bytes = 2.0 * batch * heads * kept * d * sizeof(T);
+  state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
+  state.SetItemsProcessed(state.iterations() * std::int64_t{batch} * heads * kept);
+  share_of(state, "of_hbm", bytes, g_hbm_read);
+  state.counters["splits"] = split ? plan.num_splits : 1;
 }
 
-// FreeKV streamed recall of `items` (page, head) blocks of 32 x 128 bf16 from pinned memory.
-void bm_streamed_recall(benchmark::State& state) {
+// FreeKV's recall of `items` (page, head) blocks of 32 x 128 bf16 from pinned host memory:
+// range(1) = 0 streamed_recall (staged copies), 1 recall_gather (one kernel over the mapping).
+void bm_recall(benchmark::State& state) {
   using T = kvsift::bfloat16;
   const int items = static_cast<int>(state.range(0));
+  const bool gather = state.range(1) != 0;
   const kc::recall_shape shape{32, 8, 128, 64};
   const int pages = items / shape.num_kv_heads + 1;
   const std::size_t blk = kc::streamed_recall<T>::block_elems(shape);
   kc::pinned_buffer<T> pool(std::size_t(pages) * shape.num_kv_heads * blk);
+  for (std::size_t i = 0; i < pool.size(); ++i) {
+    pool[i] = kvsift::from_float<T>(static_cast<float>(i % 97));
+  }
   std::vector<kc::recall_item> list;
   for (int i = 0; i < items; ++i) {
     list.push_back({i / shape.num_kv_heads, i % shape.num_kv_heads, i / shape.num_kv_heads});
   }
+  auto d_list = upload(list);
   const std::size_t slot = std::size_t(shape.page_size) * shape.num_kv_heads * shape.head_dim;
   kc::device_buffer<T> k(std::size_t(pages) * slot), v(std::size_t(pages) * slot);
   kc::device_buffer<std::byte> ws(kc::streamed_recall<T>::workspace_bytes(shape));
   kc::stream compute, copy;
   kc::streamed_recall<T> recall(shape);
   time_with_events(state, compute.get(), [&] {
-    recall.run(kc::par{compute.get()}, copy.get(), pool.data(), list, k.data(), v.data(),
-               ws.data(), ws.size());
+    if (gather) {
+      kc::recall_gather<T>(kc::par{compute.get()}, shape, pool.data(), pages, d_list.data(),
+                           items, k.data(), v.data());
+    } else {
+      recall.run(kc::par{compute.get()}, copy.get(), pool.data(), list, k.data(), v.data(),
+                 ws.data(), ws.size());
+    }
   });
-  state.SetBytesProcessed(state.iterations() * std::int64_t{items} * blk * sizeof(T));
+  const double bytes = double(items) * blk * sizeof(T);
+  state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
+  share_of(state, "of_h2d", bytes, g_h2d);
+}
+
+// Fixed counts: each iteration flushes L2 first, so the time-based count would run far too long.
+void timed_runs(benchmark::internal::Benchmark* b) {
+  b->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(100)->Repetitions(5);
+  b->ReportAggregatesOnly(true);
 }
 
 void register_all() {
+  benchmark::RegisterBenchmark("ref/hbm_read_2GiB", bm_hbm_read)
+      ->Apply(timed_runs);
+  benchmark::RegisterBenchmark("ref/device_copy_1GiB", bm_device_copy)
+      ->Apply(timed_runs);
+  benchmark::RegisterBenchmark("ref/pinned_h2d_256MiB", bm_pinned_h2d)
+      ->Apply(timed_runs);
   benchmark::RegisterBenchmark("segmented_topk", bm_segmented_topk)
       ->Args({4096, 256})
       ->Args({32768, 256})
       ->Args({131072, 32})
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("sparse_attention/bf16", bm_sparse_attention<kvsift::bfloat16>)
-      ->Args({32768, 2048})
-      ->Args({131072, 2048})
-      ->Args({32768, 9830})
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
+      ->Apply(timed_runs);
+  // context, kept, batch, split
+  auto* bf16 = benchmark::RegisterBenchmark("sparse_attention/bf16",
+                                            bm_sparse_attention<kvsift::bfloat16>);
+  for (const int kept : {2048, 10240}) {
+    for (const int batch : {1, 64}) {
+      for (const int split : {0, 1}) {
+        bf16->Args({32768, kept, batch, split});
+      }
+    }
+  }
+  bf16->Apply(timed_runs);
   benchmark::RegisterBenchmark("sparse_attention/f16", bm_sparse_attention<kvsift::half>)
-      ->Args({32768, 2048})
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("streamed_recall/bf16", bm_streamed_recall)
-      ->Arg(64)
-      ->Arg(512)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
+      ->Args({32768, 2048, 1, 1})
+      ->Args({32768, 2048, 64, 1})
+      ->Apply(timed_runs);
+  benchmark::RegisterBenchmark("recall/bf16", bm_recall)
+      ->Args({64, 0})
+      ->Args({64, 1})
+      ->Args({512, 0})
+      ->Args({512, 1})
+      ->Args({4096, 1})
+      ->Apply(timed_runs);
 }
 
 }  // namespace
@@ -164,6 +334,31 @@ int main(int argc, char** argv) {
   if (kc::device_count() == 0) {
     std::printf("kvsift_cuda_bench: no CUDA device; skipping all GPU benchmarks\n");
     return 0;
+  }
+  {  // the limits every share is taken of, measured before the kernels in the same run
+    const std::size_t words = (std::size_t(2) << 30) / 16;
+    kc::device_buffer<uint4> buf(words);
+    kc::device_buffer<unsigned> sink(1);
+    kc::check(cudaMemset(buf.data(), 7, buf.bytes()), "bench");
+    g_hbm_read = measure_rate(double(buf.bytes()), 11, [&](cudaStream_t s) {
+      read_kernel<<<132 * 16, 512, 0, s>>>(buf.data(), words, sink.data());
+    });
+    const std::size_t bytes = std::size_t(256) << 20;
+    kc::pinned_buffer<std::byte> h(bytes);
+    std::fill(h.data(), h.data() + bytes, std::byte{5});
+    kc::device_buffer<std::byte> d(bytes);
+    g_h2d = measure_rate(double(bytes), 11, [&](cudaStream_t s) {
+      kc::check(cudaMemcpyAsync(d.data(), h.data(), bytes, cudaMemcpyHostToDevice, s), "bench");
+    });
+    cudaDeviceProp prop{};
+    kc::check(cudaGetDeviceProperties(&prop, 0), "bench");
+    std::printf("device: %s, %d SMs, L2 %d MB\nlimits (median of 11): HBM read %.0f GB/s, "
+                "pinned H2D %.1f GB/s\n",
+                prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, g_hbm_read / 1e9,
+                g_h2d / 1e9);
+    benchmark::AddCustomContext("hbm_read_GBps", std::to_string(g_hbm_read / 1e9));
+    benchmark::AddCustomContext("pinned_h2d_GBps", std::to_string(g_h2d / 1e9));
+    benchmark::AddCustomContext("device", prop.name);
   }
   register_all();
   benchmark::RunSpecifiedBenchmarks();

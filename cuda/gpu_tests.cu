@@ -127,6 +127,31 @@ TEST_CASE("device entry points reject counts past int32, null arrays and bad slo
   CHECK_THROWS_AS(kc::expand_pages(kc::par{}, kv, kc::page_set{off, idx, 4}, -1, off, idx),
                   kvsift::error);
 
+  // sparse attention: plans and launches are checked against each other and the view
+  const kc::sparse_attention_shape ashape{1, 4, 0.0f};
+  CHECK_THROWS_AS(kc::make_sparse_attention_plan(ashape, 2, 96, 10), kvsift::error);
+  CHECK_THROWS_AS(kc::make_sparse_attention_plan(ashape, 3, 64, 10), kvsift::error);
+  CHECK_THROWS_AS(kc::make_sparse_attention_plan(ashape, 2, 64, -1), kvsift::error);
+  const auto plan = kc::make_sparse_attention_plan(ashape, 2, 64, 4096);
+  CHECK(plan.num_splits > 1);
+  CHECK(plan.workspace_bytes > 0);
+  CHECK(std::int64_t{plan.num_splits} * plan.chunk >= 4096);
+  CHECK(std::int64_t{plan.num_splits - 1} * plan.chunk < 4096);
+  CHECK(kc::make_sparse_attention_plan(ashape, 2, 64, 0).num_splits == 1);
+  CHECK(kc::make_sparse_attention_plan(ashape, 2, 64, 4096, 1, 1).num_splits == 1);
+  alignas(16) float fq[256] = {};
+  const kc::token_set tset{off, idx};
+  // a plan for another shape, a workspace too small, rows not 16-byte aligned
+  CHECK_THROWS_AS(kc::sparse_decode_attention(kc::par{}, plan, fq, plan.workspace_bytes, fq, kv,
+                                              tset, kc::sparse_attention_shape{2, 4, 0.0f}, fq),
+                  kvsift::error);
+  CHECK_THROWS_AS(kc::sparse_decode_attention(kc::par{}, plan, fq, plan.workspace_bytes - 1, fq,
+                                              kv, tset, ashape, fq),
+                  kvsift::error);
+  const kc::dense_kv<float> odd{fq + 1, fq + 1, lens, 0, 64, 128, 2, 64};
+  CHECK_THROWS_AS(kc::sparse_decode_attention(kc::par{}, fq, odd, tset, ashape, fq),
+                  kvsift::error);
+
   float dummy[1] = {};
   const std::vector<i32> slots{0, 3};
   kc::recall_shape shape{.page_size = 4, .num_kv_heads = 2, .head_dim = 64};
@@ -374,8 +399,11 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
                              view_kind::paged_hnd);
   const int d = GENERATE(64, 128);
   const bool pages = GENERATE(false, true);
-  const int group = GENERATE(1, 4);
-  CAPTURE(kind_name(kind), d, pages, group);
+  const int group = GENERATE(1, 4, 6);
+  // the single-kernel form, and the split form with its max_entries hint exact or too small
+  // (a segment past the hint is read whole by its last chunk)
+  const int form = GENERATE(0, 1, 2);
+  CAPTURE(kind_name(kind), d, pages, group, form);
   std::mt19937 rng(11);
   const std::vector<i32> lens{37, 200, 1, 64};
   const int heads = 2;
@@ -420,15 +448,30 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
   auto d_q = upload(qt);
   kc::device_buffer<T> d_out(qt.size());
   const kc::sparse_attention_shape shape{requests, q_heads, 0.0f};
+  i32 max_entries = 0;
+  for (std::size_t s = 0; s + 1 < off.size(); ++s) {
+    max_entries = std::max(max_entries, off[s + 1] - off[s]);
+  }
+  const auto plan = kc::make_sparse_attention_plan(
+      shape, heads, d, form == 2 ? max_entries / 3 : max_entries, pages ? cache.page_size : 1,
+      /*target_blocks=*/4096, /*min_chunk_tokens=*/8);
+  if (form != 0) {
+    REQUIRE(plan.num_splits > 1);
+  }
+  kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
+  const auto run = [&](const auto& view, const auto& set) {
+    if (form == 0) {
+      kc::sparse_decode_attention(kc::par{}, d_q.data(), view, set, shape, d_out.data());
+    } else {
+      kc::sparse_decode_attention(kc::par{}, plan, ws.data(), ws.size(), d_q.data(), view, set,
+                                  shape, d_out.data());
+    }
+  };
   cache.with_view([&](const auto& view) {
     if (pages) {
-      kc::sparse_decode_attention(kc::par{}, d_q.data(), view,
-                                  kc::page_set{d_off.data(), d_idx.data(), cache.page_size},
-                                  shape, d_out.data());
+      run(view, kc::page_set{d_off.data(), d_idx.data(), cache.page_size});
     } else {
-      kc::sparse_decode_attention(kc::par{}, d_q.data(), view,
-                                  kc::token_set{d_off.data(), d_idx.data()}, shape,
-                                  d_out.data());
+      run(view, kc::token_set{d_off.data(), d_idx.data()});
     }
   });
   kc::check(cudaDeviceSynchronize(), "test");
@@ -497,7 +540,8 @@ TEMPLATE_TEST_CASE("streamed_recall converts HND host pages into NHD device slot
   KVSIFT_REQUIRE_GPU();
   using T = TestType;
   const int chunk = GENERATE(1, 3, 64);
-  CAPTURE(chunk);
+  const bool gather = GENERATE(false, true);  // streamed_recall, or the recall_gather kernel
+  CAPTURE(chunk, gather);
   const kc::recall_shape shape{4, 3, 8, chunk};
   const int pages = 9, slots = 5;
   const std::size_t blk = 2 * shape.page_size * shape.head_dim;
@@ -516,8 +560,25 @@ TEMPLATE_TEST_CASE("streamed_recall converts HND host pages into NHD device slot
   kc::device_buffer<std::byte> ws(kc::streamed_recall<T>::workspace_bytes(shape));
   kc::stream compute, copy;
   kc::streamed_recall<T> recall(shape);
-  recall.run(kc::par{compute.get()}, copy.get(), pool.data(), items, k.data(), v.data(),
-             ws.data(), ws.size());
+  // slots the list never names keep a sentinel: nothing but the items' rows is written
+  const std::vector<T> sentinel(slots * slot_elems, kvsift::from_float<T>(-7.0f));
+  kc::check(cudaMemcpy(k.data(), sentinel.data(), k.bytes(), cudaMemcpyHostToDevice), "test");
+  kc::check(cudaMemcpy(v.data(), sentinel.data(), v.bytes(), cudaMemcpyHostToDevice), "test");
+  const int unused_slot = slots - 1;
+  std::erase_if(items, [&](const kc::recall_item& it) { return it.slot == unused_slot; });
+  if (gather) {
+    // plus items out of range, which the kernel skips
+    auto listed = items;
+    listed.push_back({pages, 0, 0});
+    listed.push_back({0, shape.num_kv_heads, 0});
+    listed.push_back({0, 0, -1});
+    const auto d_items = upload(listed);
+    kc::recall_gather<T>(kc::par{compute.get()}, shape, pool.data(), pages, d_items.data(),
+                         static_cast<i32>(listed.size()), k.data(), v.data());
+  } else {
+    recall.run(kc::par{compute.get()}, copy.get(), pool.data(), items, k.data(), v.data(),
+               ws.data(), ws.size());
+  }
   compute.synchronize();
   const auto hk = download(k);
   const auto hv = download(v);
@@ -533,5 +594,16 @@ TEMPLATE_TEST_CASE("streamed_recall converts HND host pages into NHD device slot
       }
     }
   }
-  CHECK(recall.bytes_recalled() == items.size() * blk * sizeof(T));
+  for (int h = 0; h < shape.num_kv_heads; ++h) {
+    for (int t = 0; t < shape.page_size; ++t) {
+      for (int c = 0; c < shape.head_dim; ++c) {
+        const std::size_t dst =
+            ((std::size_t(unused_slot) * shape.page_size + t) * shape.num_kv_heads + h) *
+                shape.head_dim + c;
+        REQUIRE(hk[dst] == sentinel[dst]);
+        REQUIRE(hv[dst] == sentinel[dst]);
+      }
+    }
+  }
+  CHECK(recall.bytes_recalled() == (gather ? 0 : items.size() * blk * sizeof(T)));
 }

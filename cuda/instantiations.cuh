@@ -31,6 +31,16 @@
   KVSIFT_INSTANTIATE_EXTERN template void                                                       \
   kvsift::cuda::sparse_decode_attention<KV<T>, kvsift::cuda::page_set>(                         \
       kvsift::cuda::par, const T*, const KV<T>&, const kvsift::cuda::page_set&,                 \
+      kvsift::cuda::sparse_attention_shape, T*);                                                \
+  KVSIFT_INSTANTIATE_EXTERN template void                                                       \
+  kvsift::cuda::sparse_decode_attention<KV<T>, kvsift::cuda::token_set>(                        \
+      kvsift::cuda::par, const kvsift::cuda::sparse_attention_plan&, void*, std::size_t,        \
+      const T*, const KV<T>&, const kvsift::cuda::token_set&,                                   \
+      kvsift::cuda::sparse_attention_shape, T*);                                                \
+  KVSIFT_INSTANTIATE_EXTERN template void                                                       \
+  kvsift::cuda::sparse_decode_attention<KV<T>, kvsift::cuda::page_set>(                         \
+      kvsift::cuda::par, const kvsift::cuda::sparse_attention_plan&, void*, std::size_t,        \
+      const T*, const KV<T>&, const kvsift::cuda::page_set&,                                    \
       kvsift::cuda::sparse_attention_shape, T*);
 
 #define KVSIFT_INSTANTIATE_TYPE(T)                                                              \
@@ -42,6 +52,9 @@
       kvsift::cuda::par, const kvsift::cuda::segmented_topk_plan&, void*, std::size_t, const T*, \
       const std::int32_t*, const std::int32_t*, std::int32_t*);                                 \
   KVSIFT_INSTANTIATE_EXTERN template class kvsift::cuda::streamed_recall<T>;                    \
+  KVSIFT_INSTANTIATE_EXTERN template void kvsift::cuda::recall_gather<T>(                       \
+      kvsift::cuda::par, kvsift::cuda::recall_shape, const T*, std::int32_t,                    \
+      const kvsift::cuda::recall_item*, std::int32_t, T*, T*);                                  \
   KVSIFT_INSTANTIATE_EXTERN template void kvsift::cuda::hnd_pages_to_nhd<T>(                    \
       kvsift::cuda::par, kvsift::cuda::recall_shape, const T*, std::span<const std::int32_t>,   \
       T*, T*);

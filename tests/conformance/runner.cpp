@@ -153,8 +153,17 @@ std::map<backend, std::string>& available_backends() {
   return backends;
 }
 
-backend_available::backend_available(backend b, std::string description) {
+std::map<backend, std::function<std::string()>>& backend_probes() {
+  static std::map<backend, std::function<std::string()>> probes;
+  return probes;
+}
+
+backend_available::backend_available(backend b, std::string description,
+                                     std::function<std::string()> unusable) {
   available_backends()[b] = std::move(description);
+  if (unusable) {
+    backend_probes()[b] = std::move(unusable);
+  }
 }
 
 // ---- loading -------------------------------------------------------------------------------
@@ -352,7 +361,7 @@ int usage() {
                "    the backend is not run and is counted as \"no <backend> path\", never as passed.\n"
                "  exit status: 0 all selected cases passed; 1 a case failed; 2 usage error or the\n"
                "    backend is not in this build; 3 none failed but some kinds have no path for the\n"
-               "    backend\n";
+               "    backend; 4 the backend is built but cannot run here (cuda without a GPU)\n";
   return 2;
 }
 
@@ -370,8 +379,8 @@ const char* where_backend_lives(backend b) {
       return "the Thrust handlers are compiled into kvsift-conformance-thrust-cpp and "
              "kvsift-conformance-thrust-omp (CMake option KVSIFT_ENABLE_THRUST and CCCL 3.x)";
     case backend::cuda:
-      return "no runner is built with CUDA conformance handlers (none exist yet, issue #15); "
-             "use --backend cpu, or --backend thrust with kvsift-conformance-thrust-cpp/-omp";
+      return "the Thrust handlers under Thrust's CUDA system are compiled into "
+             "kvsift-conformance-cuda (CMake option KVSIFT_ENABLE_CUDA, nvcc and CCCL 3.x)";
     case backend::cpu:
       break;
   }
@@ -413,6 +422,13 @@ int main(int argc, char** argv) {
     std::cerr << "kvsift-conformance: backend '" << bname
               << "' is not available in this runner; " << kc::where_backend_lives(be) << '\n';
     return 2;
+  }
+  if (const auto probe = kc::backend_probes().find(be); probe != kc::backend_probes().end()) {
+    if (const std::string why = probe->second(); !why.empty()) {
+      std::cerr << "kvsift-conformance: backend '" << bname << "' cannot run here: " << why
+                << " (skipped)\n";
+      return 4;
+    }
   }
   const auto& handlers = kc::registry(be);
   if (list_kinds) {

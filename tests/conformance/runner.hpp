@@ -105,9 +105,13 @@ struct registrar {
 // The CPU backend is always there; another is there only when something registers it.
 [[nodiscard]] std::map<backend, std::string>& available_backends();
 
+// `unusable`, when given, says why the backend cannot run on this machine (e.g. no GPU), or
+// returns an empty string when it can; the runner then exits 4 (ctest: skipped).
 struct backend_available {
-  backend_available(backend b, std::string description);
+  backend_available(backend b, std::string description,
+                    std::function<std::string()> unusable = {});
 };
+[[nodiscard]] std::map<backend, std::function<std::string()>>& backend_probes();
 
 // Helpers shared by the kind handlers.
 inline int dim(const tensor& t, std::size_t i) { return static_cast<int>(t.dim(i)); }

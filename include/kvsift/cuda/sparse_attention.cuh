@@ -12,17 +12,26 @@
 // G = 1). Arithmetic in float, row max subtracted (online softmax). An empty set gives zeros.
 // Element types float, half, bfloat16; head_dim 64 or 128 (template-specialised).
 //
-// Kernel shape: one block per (request, query head); each warp walks a strided share of the
-// set keeping its own running max, sum and accumulator; the warps merge through shared memory.
+// Kernel shape (split-KV, as flash-decoding): a block serves a tile of up to 8 query heads that
+// share one KV head, so each K/V row is read from memory once for the whole tile, over one chunk
+// of the segment's set; a segment's set is cut into `num_splits` chunks (a plan, below) so that a
+// small batch still fills the GPU. Inside a block every 16-byte load is one lane's share of a
+// row: a row of d channels takes d * sizeof(T) / 16 lanes, so a warp reads 1-4 rows at a time,
+// two per lane-group in flight. Each lane-group keeps its own running max, sum and accumulator;
+// the block merges them through shared memory, and with more than one split a second kernel
+// merges the chunks' partial results (from the caller's workspace) into the output.
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/cuda/detail.cuh>
 #include <kvsift/cuda/error.cuh>
 #include <kvsift/cuda/kv_view.cuh>
+#include <kvsift/cuda/memory.cuh>
 #include <kvsift/cuda/policy.cuh>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -35,153 +44,351 @@ struct sparse_attention_shape {
   float scale = 0.0f;             // softmax scale; 0 means 1 / sqrt(head_dim)
 };
 
+// POD plan of a split launch: how each segment's set is cut, and the workspace that holds the
+// chunks' partial results. It depends only on host-known counts (the batch, the heads and an
+// upper bound on any segment's set size), so one plan serves every step of the same
+// capacities (CUDA-graph friendly). A segment larger than `max_entries` is still read whole:
+// its last chunk takes the rest (slower, never wrong).
+struct sparse_attention_plan {
+  std::int32_t num_requests = 0;
+  std::int32_t num_q_heads = 0;
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;
+  std::int32_t num_splits = 1;   // chunks per segment (grid.y)
+  std::int32_t chunk = 0;        // set entries (tokens or pages) per chunk
+  std::size_t workspace_bytes = 0;  // 0 when num_splits == 1
+};
+
 namespace detail {
 
-inline constexpr int attention_warps = 4;
+inline constexpr int attention_threads = 128;
 
-// Walks the tokens of segment s that warp `w` of `nw` owns, calling f(t) for each. Indices live
-// in device memory, where the host cannot check them without a copy: a token outside
-// [0, seq_len) of its request is never read (it is skipped, as if absent from the set), so a bad
-// index cannot read past the request's KV.
-template <class Kv, class F>
-KVSIFT_DEVICE void for_each_token(const token_set& set, const Kv& kv, std::int32_t r,
-                                  std::int32_t s, int w, int nw, F&& f) {
-  const std::int32_t n = kv.seq_len(r);
-  for (std::int32_t i = set.offsets[s] + w; i < set.offsets[s + 1]; i += nw) {
-    const std::int32_t t = set.indices[i];
-    if (t >= 0 && t < n) f(t);
+// Query heads a block serves: the largest of 8, 4, 2, 1 dividing the GQA group.
+constexpr int attention_head_tile(std::int32_t group) {
+  return group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+}
+
+template <class T, int D>
+struct attention_tile {
+  static constexpr int vec = 16 / static_cast<int>(sizeof(T));  // channels per 16-byte load
+  static constexpr int lanes = D / vec;                         // lanes reading one row
+  static constexpr int groups = attention_threads / lanes;      // lane-groups in a block
+  static_assert(lanes >= 4 && lanes <= 32 && 32 % lanes == 0);
+};
+
+// Token of set entry-position u of segment s, or -1 when it is absent or outside [0, n). For a
+// token set u is the entry; for a page set u runs over the entries' pages token by token. Indices
+// live in device memory, where the host cannot check them without a copy: a token outside the
+// request's KV is never read (skipped, as if absent from the set).
+KVSIFT_DEVICE inline std::int32_t token_at(const token_set& set, std::int32_t base,
+                                           std::int32_t u, std::int32_t n) {
+  const std::int32_t t = set.indices[base + u];
+  return t >= 0 && t < n ? t : -1;
+}
+KVSIFT_DEVICE inline std::int32_t token_at(const page_set& set, std::int32_t base,
+                                           std::int32_t u, std::int32_t n) {
+  const std::int32_t page = set.indices[base + u / set.page_size];
+  const std::int64_t t = std::int64_t{page} * set.page_size + u % set.page_size;
+  return page >= 0 && t < n ? static_cast<std::int32_t>(t) : -1;
+}
+KVSIFT_DEVICE inline std::int32_t entry_tokens(const token_set&) { return 1; }
+KVSIFT_DEVICE inline std::int32_t entry_tokens(const page_set& set) { return set.page_size; }
+
+template <class T, int N>
+KVSIFT_DEVICE inline void load16(const T* p, float (&out)[N]) {
+  static_assert(N * sizeof(T) == 16);
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    out[i] = to_float(e[i]);
   }
 }
 
-template <class Kv, class F>
-KVSIFT_DEVICE void for_each_token(const page_set& set, const Kv& kv, std::int32_t r,
-                                  std::int32_t s, int w, int nw, F&& f) {
-  const std::int32_t n = kv.seq_len(r);
-  // pages are dealt to warps round-robin; a warp walks its page's tokens in order
-  for (std::int32_t i = set.offsets[s] + w; i < set.offsets[s + 1]; i += nw) {
-    const std::int32_t page = set.indices[i];
-    if (page < 0) continue;  // never read before the request's first page
-    const std::int64_t first64 = static_cast<std::int64_t>(page) * set.page_size;
-    const std::int32_t first = first64 < n ? static_cast<std::int32_t>(first64) : n;
-    const std::int32_t last = min(first + set.page_size, n);
-    for (std::int32_t t = first; t < last; ++t) {
-      f(t);
-    }
+// Sum over the `Lanes` lanes of one lane-group (an aligned run of Lanes lanes of the warp).
+// Every lane of the group ends with the same bits (the butterfly adds the same pairs).
+template <int Lanes>
+KVSIFT_DEVICE inline float group_sum(float x) {
+#pragma unroll
+  for (int o = Lanes / 2; o > 0; o >>= 1) {
+    x += __shfl_xor_sync(0xffffffffu, x, o);
   }
+  return x;
 }
 
-template <int D, KvView Kv, class Set>
-__global__ void __launch_bounds__(attention_warps * 32)
+// Weight of a partial result with running max m under the merged max `big` (0 for no token).
+KVSIFT_DEVICE inline float merge_weight(float m, float big) {
+  return m == -INFINITY ? 0.0f : __expf(m - big);
+}
+
+template <int D, int G, KvView Kv, class Set>
+__global__ void __launch_bounds__(attention_threads)
     sparse_decode_attention_kernel(const typename Kv::element_type* __restrict__ q, Kv kv,
                                    Set set, std::int32_t num_q_heads, float scale,
-                                   typename Kv::element_type* __restrict__ out) {
+                                   std::int32_t chunk, typename Kv::element_type* __restrict__ out,
+                                   float* __restrict__ part_o, float* __restrict__ part_ml) {
   using T = typename Kv::element_type;
-  constexpr int per_lane = D / 32;  // each lane owns per_lane consecutive channels
-  const std::int32_t r = blockIdx.x / num_q_heads;
-  const std::int32_t hq = blockIdx.x % num_q_heads;
-  const std::int32_t group = num_q_heads / kv.num_kv_heads;
-  const std::int32_t h = hq / group;
+  using tile = attention_tile<T, D>;
+  constexpr int vec = tile::vec;
+  constexpr int lanes = tile::lanes;
+  constexpr int groups = tile::groups;
+  constexpr int unroll = 2;  // rows in flight per lane-group
+
+  const std::int32_t tiles_per_request = num_q_heads / G;
+  const std::int32_t r = blockIdx.x / tiles_per_request;
+  const std::int32_t hq0 = (blockIdx.x % tiles_per_request) * G;
+  const std::int32_t h = hq0 / (num_q_heads / kv.num_kv_heads);
   const std::int32_t s = r * kv.num_kv_heads + h;
-  const int lane = threadIdx.x % 32;
-  const int w = threadIdx.x / 32;
-  const int c0 = lane * per_lane;
+  const int lg = threadIdx.x / lanes;            // lane-group
+  const int c0 = (threadIdx.x % lanes) * vec;    // first channel of this lane
 
-  float qr[per_lane];
-  const T* qrow = q + (std::int64_t{r} * num_q_heads + hq) * D;
-#pragma unroll
-  for (int i = 0; i < per_lane; ++i) {
-    qr[i] = to_float(qrow[c0 + i]) * scale;  // fold the scale into q once
-  }
-  float m = -INFINITY;
-  float l = 0.0f;
-  float acc[per_lane];
-#pragma unroll
-  for (int i = 0; i < per_lane; ++i) {
-    acc[i] = 0.0f;
-  }
+  // this block's range of entry-positions: chunk blockIdx.y; the last chunk takes the rest
+  const std::int32_t base = set.offsets[s];
+  const std::int32_t entries = set.offsets[s + 1] - base;
+  const std::int32_t e0 = min(entries, static_cast<std::int32_t>(blockIdx.y) * chunk);
+  const std::int32_t e1 = blockIdx.y + 1 == gridDim.y ? entries : min(entries, e0 + chunk);
+  const std::int32_t per_entry = entry_tokens(set);
+  const std::int32_t u0 = e0 * per_entry;
+  const std::int32_t u1 = e1 * per_entry;
+  const std::int32_t n = kv.seq_len(r);
 
-  for_each_token(set, kv, r, s, w, attention_warps, [&](std::int32_t t) {
-    const T* kr = kv.row(0, r, h, t);
-    float dot = 0.0f;
+  float qr[G][vec];
 #pragma unroll
-    for (int i = 0; i < per_lane; ++i) {
-      dot += qr[i] * to_float(kr[c0 + i]);
+  for (int g = 0; g < G; ++g) {
+    const T* qrow = q + (std::int64_t{r} * num_q_heads + hq0 + g) * D + c0;
+#pragma unroll
+    for (int i = 0; i < vec; ++i) {
+      qr[g][i] = to_float(qrow[i]) * scale;  // fold the scale into q once
     }
-    dot = warp_sum(dot);
-    const float m_new = fmaxf(m, dot);
-    // rescale what was accumulated under the old max (exp(-inf) = 0 on the first token)
-    const float corr = __expf(m - m_new);
-    const float p = __expf(dot - m_new);
-    const T* vr = kv.row(1, r, h, t);
-    l = l * corr + p;
-#pragma unroll
-    for (int i = 0; i < per_lane; ++i) {
-      acc[i] = acc[i] * corr + p * to_float(vr[c0 + i]);
-    }
-    m = m_new;
-  });
-
-  __shared__ float sm_m[attention_warps];
-  __shared__ float sm_l[attention_warps];
-  __shared__ float sm_acc[attention_warps][D];
-  if (lane == 0) {
-    sm_m[w] = m;
-    sm_l[w] = l;
   }
+  float m[G], l[G], acc[G][vec];
 #pragma unroll
-  for (int i = 0; i < per_lane; ++i) {
-    sm_acc[w][c0 + i] = acc[i];
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < vec; ++i) {
+      acc[g][i] = 0.0f;
+    }
+  }
+
+  // The trip count is the block's, so every lane reaches the shuffles below.
+  for (std::int32_t u = u0; u < u1; u += groups * unroll) {
+    std::int32_t t[unroll];
+    float kf[unroll][vec], vf[unroll][vec];
+#pragma unroll
+    for (int j = 0; j < unroll; ++j) {
+      const std::int32_t uj = u + j * groups + lg;
+      t[j] = uj < u1 ? token_at(set, base, uj, n) : -1;
+      if (t[j] >= 0) {
+        load16(kv.row(0, r, h, t[j]) + c0, kf[j]);
+        load16(kv.row(1, r, h, t[j]) + c0, vf[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < vec; ++i) {
+          kf[j][i] = 0.0f;
+          vf[j][i] = 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float dot[unroll];
+      float big = m[g];
+#pragma unroll
+      for (int j = 0; j < unroll; ++j) {
+        float x = 0.0f;
+#pragma unroll
+        for (int i = 0; i < vec; ++i) {
+          x += qr[g][i] * kf[j][i];
+        }
+        x = group_sum<lanes>(x);
+        dot[j] = t[j] >= 0 ? x : -INFINITY;
+        big = fmaxf(big, dot[j]);
+      }
+      if (big == -INFINITY) {
+        continue;  // nothing seen yet by this lane-group (uniform within it)
+      }
+      // rescale what was accumulated under the old max (exp(-inf) = 0 on the first token)
+      const float corr = __expf(m[g] - big);
+      float p[unroll];
+      float psum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < unroll; ++j) {
+        p[j] = __expf(dot[j] - big);
+        psum += p[j];
+      }
+      l[g] = l[g] * corr + psum;
+#pragma unroll
+      for (int i = 0; i < vec; ++i) {
+        float a = acc[g][i] * corr;
+#pragma unroll
+        for (int j = 0; j < unroll; ++j) {
+          a += p[j] * vf[j][i];
+        }
+        acc[g][i] = a;
+      }
+      m[g] = big;
+    }
+  }
+
+  // merge the lane-groups
+  __shared__ float sm_m[groups][G];
+  __shared__ float sm_l[groups][G];
+  __shared__ float sm_acc[groups][G][D];
+  __shared__ float sm_w[groups][G];
+  __shared__ float sm_big[G];
+  __shared__ float sm_total[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (c0 == 0) {
+      sm_m[lg][g] = m[g];
+      sm_l[lg][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < vec; ++i) {
+      sm_acc[lg][g][c0 + i] = acc[g][i];
+    }
   }
   __syncthreads();
-  float big = -INFINITY;
-#pragma unroll
-  for (int x = 0; x < attention_warps; ++x) {
-    big = fmaxf(big, sm_m[x]);
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float big = -INFINITY;
+    for (int x = 0; x < groups; ++x) {
+      big = fmaxf(big, sm_m[x][g]);
+    }
+    float total = 0.0f;
+    for (int x = 0; x < groups; ++x) {
+      sm_w[x][g] = merge_weight(sm_m[x][g], big);
+      total += sm_l[x][g] * sm_w[x][g];
+    }
+    sm_big[g] = big;
+    sm_total[g] = total;
   }
-  float total = 0.0f;
-  float wscale[attention_warps];
-#pragma unroll
-  for (int x = 0; x < attention_warps; ++x) {
-    // warps that saw no token have m = -inf and weigh 0
-    wscale[x] = sm_m[x] == -INFINITY ? 0.0f : __expf(sm_m[x] - big);
-    total += sm_l[x] * wscale[x];
-  }
-  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-  T* orow = out + (std::int64_t{r} * num_q_heads + hq) * D;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+  __syncthreads();
+  const std::int64_t row0 = std::int64_t{r} * num_q_heads + hq0;  // output row of head hq0
+  for (int e = threadIdx.x; e < G * D; e += attention_threads) {
+    const int g = e / D;
+    const int c = e % D;
     float o = 0.0f;
 #pragma unroll
-    for (int x = 0; x < attention_warps; ++x) {
-      o += sm_acc[x][c] * wscale[x];
+    for (int x = 0; x < groups; ++x) {
+      o += sm_acc[x][g][c] * sm_w[x][g];
     }
-    orow[c] = from_float<T>(o * inv);
+    if (part_o == nullptr) {
+      const float total = sm_total[g];
+      out[(row0 + g) * D + c] = from_float<T>(total > 0.0f ? o / total : 0.0f);
+    } else {
+      const std::int64_t rows = std::int64_t{gridDim.x} * G;  // num_requests * num_q_heads
+      const std::int64_t at = blockIdx.y * rows + row0 + g;
+      part_o[at * D + c] = o;
+      if (c == 0) {
+        part_ml[2 * at] = sm_big[g];
+        part_ml[2 * at + 1] = sm_total[g];
+      }
+    }
   }
 }
 
-}  // namespace detail
+// Merges the chunks' partial results of one output row per block (D threads, one channel each).
+template <int D, Element T>
+__global__ void __launch_bounds__(D)
+    sparse_attention_merge_kernel(const float* __restrict__ part_o,
+                                  const float* __restrict__ part_ml, std::int32_t splits,
+                                  std::int64_t rows, T* __restrict__ out) {
+  const std::int64_t row = blockIdx.x;
+  const int c = threadIdx.x;
+  float big = -INFINITY;
+  for (std::int32_t x = 0; x < splits; ++x) {
+    big = fmaxf(big, part_ml[2 * (x * rows + row)]);
+  }
+  float o = 0.0f;
+  float total = 0.0f;
+  for (std::int32_t x = 0; x < splits; ++x) {
+    const std::int64_t at = x * rows + row;
+    const float w = merge_weight(part_ml[2 * at], big);
+    total += part_ml[2 * at + 1] * w;
+    o += part_o[at * D + c] * w;
+  }
+  out[row * D + c] = from_float<T>(total > 0.0f ? o / total : 0.0f);
+}
 
-// Runs sparse decode attention (see the file comment). Enqueues on policy.stream; no workspace,
-// no allocation, no host synchronisation (CUDA-graph safe).
-//   q     [num_requests][num_q_heads][head_dim] device
-//   kv    dense_kv<T> or paged_kv<T>
-//   set   token_set or page_set over num_requests * kv.num_kv_heads segments
-//   out   [num_requests][num_q_heads][head_dim] device
-// Throws kvsift::error for head_dim not in {64, 128}, q heads not a multiple of KV heads, bad
-// counts or null pointers; cuda_error on a launch error.
-template <KvView Kv, class Set>
-  requires std::same_as<Set, token_set> || std::same_as<Set, page_set>
-void sparse_decode_attention(par policy, const typename Kv::element_type* q, const Kv& kv,
-                             const Set& set, sparse_attention_shape shape,
-                             typename Kv::element_type* out) {
-  constexpr const char* where = "cuda::sparse_decode_attention";
-  require(kv.head_dim == 64 || kv.head_dim == 128, where, "kv.head_dim", kv.head_dim,
-          "64 or 128");
-  require(kv.num_kv_heads > 0, where, "kv.num_kv_heads", kv.num_kv_heads, "> 0");
-  require(shape.num_q_heads > 0 && shape.num_q_heads % kv.num_kv_heads == 0, where,
+// The workspace of a split launch: partial outputs, then (max, sum) pairs.
+struct attention_parts {
+  float* o = nullptr;
+  float* ml = nullptr;
+};
+inline attention_parts carve_attention_parts(void* base, std::int64_t splits,
+                                             std::int64_t rows, std::int32_t head_dim,
+                                             std::size_t* used = nullptr) {
+  workspace_carver carve(base);
+  attention_parts p;
+  p.o = carve.take<float>(static_cast<std::size_t>(splits * rows * head_dim));
+  p.ml = carve.take<float>(static_cast<std::size_t>(2 * splits * rows));
+  if (used != nullptr) {
+    *used = carve.used();
+  }
+  return p;
+}
+
+inline void check_attention_shape(const char* where, std::int32_t head_dim,
+                                  std::int32_t num_kv_heads, sparse_attention_shape shape) {
+  require(head_dim == 64 || head_dim == 128, where, "kv.head_dim", head_dim, "64 or 128");
+  require(num_kv_heads > 0, where, "kv.num_kv_heads", num_kv_heads, "> 0");
+  require(shape.num_q_heads > 0 && shape.num_q_heads % num_kv_heads == 0, where,
           "shape.num_q_heads", shape.num_q_heads, "a positive multiple of kv.num_kv_heads");
   require(shape.num_requests >= 0, where, "shape.num_requests", shape.num_requests, ">= 0");
   require(std::isfinite(shape.scale) && shape.scale >= 0.0f, where, "shape.scale", shape.scale,
           "finite and >= 0 (0 means 1/sqrt(head_dim))");
+  const std::int64_t rows = std::int64_t{shape.num_requests} * shape.num_q_heads;
+  require(rows <= 0x7fffffff, where, "num_requests * num_q_heads", rows, "< 2^31");
+}
+
+// 16-byte loads need 16-byte aligned rows: base pointers and every stride.
+template <Element T>
+bool rows_aligned(const dense_kv<T>& kv) {
+  const auto ok = [](std::int64_t elems) { return elems * sizeof(T) % 16 == 0; };
+  return reinterpret_cast<std::uintptr_t>(kv.k) % 16 == 0 &&
+         reinterpret_cast<std::uintptr_t>(kv.v) % 16 == 0 && ok(kv.request_stride) &&
+         ok(kv.token_stride) && ok(kv.head_stride);
+}
+template <Element T>
+bool rows_aligned(const paged_kv<T>& kv) {
+  return reinterpret_cast<std::uintptr_t>(kv.k_pages) % 16 == 0 &&
+         reinterpret_cast<std::uintptr_t>(kv.v_pages) % 16 == 0;
+}
+
+template <int D, KvView Kv, class Set>
+void launch_attention(par policy, const typename Kv::element_type* q, const Kv& kv,
+                      const Set& set, std::int32_t num_q_heads, std::int32_t num_requests,
+                      float scale, std::int32_t splits, std::int32_t chunk,
+                      typename Kv::element_type* out, attention_parts parts) {
+  const int g = attention_head_tile(num_q_heads / kv.num_kv_heads);
+  const dim3 grid(static_cast<unsigned>(std::int64_t{num_requests} * num_q_heads / g),
+                  static_cast<unsigned>(splits));
+  const auto run = [&](auto kernel) {
+    kernel<<<grid, attention_threads, 0, policy.stream>>>(q, kv, set, num_q_heads, scale, chunk,
+                                                          out, parts.o, parts.ml);
+  };
+  switch (g) {
+    case 8: run(sparse_decode_attention_kernel<D, 8, Kv, Set>); break;
+    case 4: run(sparse_decode_attention_kernel<D, 4, Kv, Set>); break;
+    case 2: run(sparse_decode_attention_kernel<D, 2, Kv, Set>); break;
+    default: run(sparse_decode_attention_kernel<D, 1, Kv, Set>); break;
+  }
+  if (parts.o != nullptr) {
+    const std::int64_t rows = std::int64_t{num_requests} * num_q_heads;
+    sparse_attention_merge_kernel<D, typename Kv::element_type>
+        <<<static_cast<unsigned>(rows), D, 0, policy.stream>>>(parts.o, parts.ml, splits, rows,
+                                                                out);
+  }
+}
+
+template <KvView Kv, class Set>
+void run_attention(const char* where, par policy, const typename Kv::element_type* q,
+                   const Kv& kv, const Set& set, sparse_attention_shape shape,
+                   std::int32_t splits, std::int32_t chunk, typename Kv::element_type* out,
+                   attention_parts parts) {
   if constexpr (std::same_as<Set, page_set>) {
     require(set.page_size > 0, where, "set.page_size", set.page_size, "> 0");
   }
@@ -190,20 +397,107 @@ void sparse_decode_attention(par policy, const typename Kv::element_type* q, con
   }
   require(q != nullptr && out != nullptr && set.offsets != nullptr && set.indices != nullptr,
           where, "q/out/set", "null", "device pointers");
-  const std::int64_t blocks = std::int64_t{shape.num_requests} * shape.num_q_heads;
-  require(blocks <= 0x7fffffff, where, "num_requests * num_q_heads", blocks, "< 2^31");
+  require(rows_aligned(kv), where, "kv", "rows not 16-byte aligned",
+          "K/V base pointers and strides that are multiples of 16 bytes");
   const float scale =
       shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(kv.head_dim));
-  const dim3 grid(static_cast<unsigned>(blocks));
-  const dim3 block(detail::attention_warps * 32);
   if (kv.head_dim == 64) {
-    detail::sparse_decode_attention_kernel<64, Kv, Set>
-        <<<grid, block, 0, policy.stream>>>(q, kv, set, shape.num_q_heads, scale, out);
+    launch_attention<64>(policy, q, kv, set, shape.num_q_heads, shape.num_requests, scale,
+                         splits, chunk, out, parts);
   } else {
-    detail::sparse_decode_attention_kernel<128, Kv, Set>
-        <<<grid, block, 0, policy.stream>>>(q, kv, set, shape.num_q_heads, scale, out);
+    launch_attention<128>(policy, q, kv, set, shape.num_q_heads, shape.num_requests, scale,
+                          splits, chunk, out, parts);
   }
   check_launch(where);
+}
+
+}  // namespace detail
+
+// Plans a split launch (host only, no device call). `max_entries` bounds any segment's set size
+// in entries (tokens of a token_set, pages of a page_set of `page_size` tokens; 1 for tokens).
+// The sets are cut into chunks of at least `min_chunk_tokens` tokens until the grid has about
+// `target_blocks` blocks (1024: several waves on an H100's 132 SMs).
+[[nodiscard]] inline sparse_attention_plan make_sparse_attention_plan(
+    sparse_attention_shape shape, std::int32_t num_kv_heads, std::int32_t head_dim,
+    std::int32_t max_entries, std::int32_t page_size = 1, std::int32_t target_blocks = 1024,
+    std::int32_t min_chunk_tokens = 64) {
+  constexpr const char* where = "cuda::make_sparse_attention_plan";
+  detail::check_attention_shape(where, head_dim, num_kv_heads, shape);
+  require(max_entries >= 0, where, "max_entries", max_entries, ">= 0");
+  require(page_size > 0, where, "page_size", page_size, "> 0");
+  require(target_blocks > 0, where, "target_blocks", target_blocks, "> 0");
+  require(min_chunk_tokens > 0, where, "min_chunk_tokens", min_chunk_tokens, "> 0");
+  sparse_attention_plan p;
+  p.num_requests = shape.num_requests;
+  p.num_q_heads = shape.num_q_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = head_dim;
+  const std::int64_t blocks = std::int64_t{shape.num_requests} * shape.num_q_heads /
+                              detail::attention_head_tile(shape.num_q_heads / num_kv_heads);
+  const std::int64_t min_chunk = std::max<std::int64_t>(1, min_chunk_tokens / page_size);
+  const std::int64_t most = std::max<std::int64_t>(1, (max_entries + min_chunk - 1) / min_chunk);
+  const std::int64_t want = blocks == 0 ? 1 : (target_blocks + blocks - 1) / blocks;
+  std::int64_t splits = std::clamp<std::int64_t>(want, 1, std::min<std::int64_t>(most, 65535));
+  const std::int64_t chunk = (max_entries + splits - 1) / splits;
+  splits = chunk == 0 ? 1 : (max_entries + chunk - 1) / chunk;  // no chunk starts past the end
+  p.num_splits = static_cast<std::int32_t>(splits);
+  p.chunk = static_cast<std::int32_t>(chunk);
+  if (splits > 1) {
+    detail::carve_attention_parts(nullptr, splits,
+                                  std::int64_t{shape.num_requests} * shape.num_q_heads, head_dim,
+                                  &p.workspace_bytes);
+  }
+  return p;
+}
+
+// Runs sparse decode attention (see the file comment) in one block per query-head tile and
+// segment. Enqueues on policy.stream; no workspace, no allocation, no host synchronisation
+// (CUDA-graph safe). Fills the GPU only with many segments; for a small batch use the plan form.
+//   q     [num_requests][num_q_heads][head_dim] device
+//   kv    dense_kv<T> or paged_kv<T>; rows 16-byte aligned (base pointers and strides)
+//   set   token_set or page_set over num_requests * kv.num_kv_heads segments
+//   out   [num_requests][num_q_heads][head_dim] device
+// Throws kvsift::error for head_dim not in {64, 128}, q heads not a multiple of KV heads, bad
+// counts, unaligned rows or null pointers; cuda_error on a launch error.
+template <KvView Kv, class Set>
+  requires std::same_as<Set, token_set> || std::same_as<Set, page_set>
+void sparse_decode_attention(par policy, const typename Kv::element_type* q, const Kv& kv,
+                             const Set& set, sparse_attention_shape shape,
+                             typename Kv::element_type* out) {
+  constexpr const char* where = "cuda::sparse_decode_attention";
+  detail::check_attention_shape(where, kv.head_dim, kv.num_kv_heads, shape);
+  detail::run_attention(where, policy, q, kv, set, shape, 1, 0, out, {});
+}
+
+// The split form: `plan` from make_sparse_attention_plan with this launch's shape, head_dim and
+// KV heads; `workspace` of at least plan.workspace_bytes (any pointer when that is 0), reused
+// by every step. Two kernels (chunks, then their merge); still no allocation or synchronisation.
+template <KvView Kv, class Set>
+  requires std::same_as<Set, token_set> || std::same_as<Set, page_set>
+void sparse_decode_attention(par policy, const sparse_attention_plan& plan, void* workspace,
+                             std::size_t workspace_bytes, const typename Kv::element_type* q,
+                             const Kv& kv, const Set& set, sparse_attention_shape shape,
+                             typename Kv::element_type* out) {
+  constexpr const char* where = "cuda::sparse_decode_attention";
+  detail::check_attention_shape(where, kv.head_dim, kv.num_kv_heads, shape);
+  require(plan.num_requests == shape.num_requests && plan.num_q_heads == shape.num_q_heads &&
+              plan.num_kv_heads == kv.num_kv_heads && plan.head_dim == kv.head_dim,
+          where, "plan", "for another shape",
+          "a plan made for this launch's requests, q heads, KV heads and head_dim");
+  require(plan.num_splits >= 1 && (plan.num_splits == 1 || plan.chunk > 0), where,
+          "plan.num_splits", plan.num_splits, ">= 1 (from make_sparse_attention_plan)");
+  require(workspace_bytes >= plan.workspace_bytes, where, "workspace_bytes", workspace_bytes,
+          ">= plan.workspace_bytes");
+  require(plan.workspace_bytes == 0 || workspace != nullptr, where, "workspace", "null",
+          "a device pointer");
+  const detail::attention_parts parts =
+      plan.num_splits > 1
+          ? detail::carve_attention_parts(workspace, plan.num_splits,
+                                          std::int64_t{shape.num_requests} * shape.num_q_heads,
+                                          plan.head_dim)
+          : detail::attention_parts{};
+  detail::run_attention(where, policy, q, kv, set, shape, plan.num_splits, plan.chunk, out,
+                        parts);
 }
 
 }  // namespace kvsift::cuda

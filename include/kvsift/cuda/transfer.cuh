@@ -231,6 +231,91 @@ class streamed_recall {
   std::size_t bytes_ = 0;
 };
 
+namespace detail {
+
+// One block per item (grid-stride): the item's HND block [2][p][d] is read straight from
+// mapped pinned host memory over PCIe in 16-byte units, four in flight per thread, and written
+// to its NHD rows. An item with a head, page or slot out of range writes nothing.
+template <Element T>
+KVSIFT_KERNEL void __launch_bounds__(256)
+    recall_gather_kernel(const T* __restrict__ host_pool, const recall_item* __restrict__ items,
+                         std::int32_t count, std::int32_t num_pages, recall_shape shape,
+                         T* __restrict__ k_dev, T* __restrict__ v_dev) {
+  constexpr int vec = 16 / static_cast<int>(sizeof(T));
+  constexpr int in_flight = 4;
+  const std::int32_t row_units = shape.head_dim / vec;
+  const std::int32_t half_units = shape.page_size * row_units;  // keys, then values
+  for (std::int32_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const recall_item it = items[i];
+    if (it.head < 0 || it.head >= shape.num_kv_heads || it.host_page < 0 ||
+        it.host_page >= num_pages || it.slot < 0 ||
+        (shape.num_slots >= 0 && it.slot >= shape.num_slots)) {
+      continue;
+    }
+    const uint4* src = reinterpret_cast<const uint4*>(
+        host_pool + (std::int64_t{it.host_page} * shape.num_kv_heads + it.head) * 2 *
+                        shape.page_size * shape.head_dim);
+    for (std::int32_t u0 = threadIdx.x; u0 < 2 * half_units; u0 += in_flight * blockDim.x) {
+      uint4 part[in_flight];
+#pragma unroll
+      for (int j = 0; j < in_flight; ++j) {
+        const std::int32_t u = u0 + j * blockDim.x;
+        if (u < 2 * half_units) {
+          part[j] = src[u];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < in_flight; ++j) {
+        const std::int32_t u = u0 + j * blockDim.x;
+        if (u < 2 * half_units) {
+          const bool is_v = u >= half_units;
+          const std::int32_t e = is_v ? u - half_units : u;
+          const std::int64_t t = e / row_units;
+          const std::int64_t c = std::int64_t{e % row_units} * vec;
+          T* dst = is_v ? v_dev : k_dev;
+          *reinterpret_cast<uint4*>(
+              dst + ((std::int64_t{it.slot} * shape.page_size + t) * shape.num_kv_heads +
+                     it.head) * shape.head_dim + c) = part[j];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+// The recall as one gather kernel (no staging, no per-block copies): the kernel reads each
+// item's HND block [2][p][d] from the pinned host pool through its device mapping (unified
+// addressing maps every cudaMallocHost allocation) and writes the NHD slot rows, all on
+// policy.stream. `items` is a device array of `count` recall_items, so a captured step replays
+// it with whatever list the engine wrote there; `count` is a shape. Item fields out of range
+// (head, page >= num_pages, negative or >= shape.num_slots when known) are skipped on the
+// device. Needs head_dim * sizeof(T) a multiple of 16 bytes and 16-byte aligned pool and slots.
+template <Element T>
+void recall_gather(par policy, recall_shape shape, const T* host_pool, std::int32_t num_pages,
+                   const recall_item* items, std::int32_t count, T* k_dev, T* v_dev) {
+  constexpr const char* where = "cuda::recall_gather";
+  require(shape.page_size > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0, where,
+          "shape.page_size", shape.page_size, "positive page_size, num_kv_heads, head_dim");
+  require(shape.head_dim * sizeof(T) % 16 == 0, where, "shape.head_dim", shape.head_dim,
+          "a multiple of 16 bytes of channels");
+  require(count >= 0, where, "count", count, ">= 0");
+  require(num_pages >= 0, where, "num_pages", num_pages, ">= 0");
+  if (count == 0) {
+    return;
+  }
+  require(host_pool != nullptr && items != nullptr && k_dev != nullptr && v_dev != nullptr,
+          where, "host_pool/items/k_dev/v_dev", "null", "memory");
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  require(aligned(host_pool) && aligned(k_dev) && aligned(v_dev), where, "host_pool/k_dev/v_dev",
+          "not 16-byte aligned", "16-byte aligned arrays");
+  const unsigned grid = static_cast<unsigned>(count < 65535 * 8 ? count : 65535 * 8);
+  detail::recall_gather_kernel<T><<<grid, 256, 0, policy.stream>>>(host_pool, items, count,
+                                                                    num_pages, shape, k_dev,
+                                                                    v_dev);
+  check_launch(where);
+}
+
 // Converts whole HND pages [pages][kv_heads][2][p][d] (device) into NHD slots, page i -> slot
 // slots[i] for every head (the non-streamed form of the conversion, e.g. after a bulk copy).
 template <Element T>

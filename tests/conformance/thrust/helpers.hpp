@@ -27,8 +27,15 @@
 #include <string>
 #include <vector>
 
+// The backend these handlers register under: `thrust` (CPP/OMP systems, g++), or `cuda` when
+// kvsift-conformance-cuda compiles the same files with nvcc under Thrust's CUDA system.
+#ifndef KVSIFT_CONFORMANCE_BACKEND
+#define KVSIFT_CONFORMANCE_BACKEND thrust
+#endif
+
 namespace kvsift::conformance::thrust_kinds {
 namespace kc = kvsift::conformance;
+inline constexpr kc::backend handlers_backend = kc::backend::KVSIFT_CONFORMANCE_BACKEND;
 namespace kt = kvsift::thrust;
 using kc::dim;
 using kc::param;

@@ -68,14 +68,29 @@
 namespace {
 using namespace kvsift::conformance::thrust_kinds;  // kc, kt, dvec, device_topk, gather_kept, ...
 
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+// The CUDA system needs a device: without one the runner says so and exits 4 (skipped).
+std::string no_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    return "no CUDA device (cudaGetDeviceCount failed or returned 0)";
+  }
+  return {};
+}
+#else
+std::string no_device() { return {}; }
+#endif
+
 const kc::backend_available thrust_backend{
-    kc::backend::thrust,
-    "thrust (THRUST_DEVICE_SYSTEM " KVSIFT_THRUST_SYSTEM_NAME ", policy thrust::device)"};
+    handlers_backend,
+    "thrust (THRUST_DEVICE_SYSTEM " KVSIFT_THRUST_SYSTEM_NAME ", policy thrust::device)",
+    no_device};
 
 // ---- select.topk -----------------------------------------------------------------------------
 
 const kc::registrar select_topk{
-    kc::backend::thrust, "select.topk", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "select.topk", [](const kc::case_data& c, kc::outputs& out) {
       const auto& sc = c.in("scores");
       const int rows = dim(sc, 0), n = dim(sc, 1);
       const int sink = param(c, "sink");
@@ -89,7 +104,7 @@ const kc::registrar select_topk{
 // ---- SnapKV / PyramidKV: window_attention_scores (window_scores in helpers.hpp) -------------
 
 const kc::registrar score_snapkv{
-    kc::backend::thrust, "score.snapkv", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "score.snapkv", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("queries");
       const auto& k = c.in("keys");
       const int hq = dim(q, 0), w = dim(q, 1), d = dim(q, 2), h = dim(k, 0), n = dim(k, 1);
@@ -106,7 +121,7 @@ const kc::registrar score_snapkv{
     }};
 
 const kc::registrar method_snapkv_prefill{
-    kc::backend::thrust, "method.snapkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.snapkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("queries");
       const auto& k = c.in("keys");
       const int hq = dim(q, 0), nq = dim(q, 1), d = dim(q, 2), h = dim(k, 0), n = dim(k, 1);
@@ -124,7 +139,7 @@ const kc::registrar method_snapkv_prefill{
     }};
 
 const kc::registrar method_pyramidkv_prefill{
-    kc::backend::thrust, "method.pyramidkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.pyramidkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("queries");
       const auto& k = c.in("keys");
       const int L = dim(k, 0), h = dim(k, 1), n = dim(k, 2), d = dim(k, 3);
@@ -207,7 +222,7 @@ dvec<float> quest_scores(const digests& dg, const dvec<float>& query, int h, int
 }
 
 const kc::registrar score_quest_pages{
-    kc::backend::thrust, "score.quest_pages", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "score.quest_pages", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("query");
       const auto& k = c.in("keys");
       const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
@@ -225,7 +240,7 @@ const kc::registrar score_quest_pages{
     }};
 
 const kc::registrar method_quest_select{
-    kc::backend::thrust, "method.quest.select", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.quest.select", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("query");
       const auto& k = c.in("keys");
       const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
@@ -254,7 +269,7 @@ const kc::registrar method_quest_select{
 // ---- LagKV: lag_scores ---------------------------------------------------------------------------
 
 const kc::registrar score_lagkv{
-    kc::backend::thrust, "score.lagkv", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "score.lagkv", [](const kc::case_data& c, kc::outputs& out) {
       const auto& keys = c.in("keys");
       const auto& values = c.in("values");
       const int H = dim(keys, 0), n = dim(keys, 1), d = dim(keys, 2);
@@ -292,7 +307,7 @@ const kc::registrar score_lagkv{
 // LagKV's prefill on the device: lag_prompt_topk (helpers.hpp), then the kept rows gathered.
 
 const kc::registrar method_lagkv_prefill{
-    kc::backend::thrust, "method.lagkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.lagkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
       const auto& keys = c.in("keys");
       const auto& values = c.in("values");
       const int H = dim(keys, 0), n = dim(keys, 1), d = dim(keys, 2);
@@ -339,7 +354,7 @@ dvec<float> freekv_scores(const kc::case_data& c, const digests& dg, const dvec<
 }
 
 const kc::registrar score_freekv_pages{
-    kc::backend::thrust, "score.freekv_pages", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "score.freekv_pages", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("query");
       const auto& k = c.in("keys");
       const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
@@ -362,7 +377,7 @@ const kc::registrar score_freekv_pages{
     }};
 
 const kc::registrar method_freekv_select{
-    kc::backend::thrust, "method.freekv.select", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.freekv.select", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("query");
       const auto& k = c.in("keys");
       const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);

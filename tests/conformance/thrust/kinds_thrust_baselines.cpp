@@ -24,7 +24,7 @@ using namespace kvsift::conformance::thrust_kinds;  // kc, kt, dvec, device_topk
 // ---- attention.decode: attention_over -------------------------------------------------------
 
 const kc::registrar attention_decode{
-    kc::backend::thrust, "attention.decode", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "attention.decode", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("queries");
       const auto& k = c.in("keys");
       const auto& v = c.in("values");
@@ -85,13 +85,13 @@ dvec<float> h2o_scores(const kc::case_data& c) {
 }
 
 const kc::registrar score_h2o_prefill{
-    kc::backend::thrust, "score.h2o_prefill", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "score.h2o_prefill", [](const kc::case_data& c, kc::outputs& out) {
       const auto& k = c.in("keys");
       out.put_f32("scores", {dim(k, 0), dim(k, 1)}, to_host(h2o_scores(c)));
     }};
 
 const kc::registrar method_h2o_prefill{
-    kc::backend::thrust, "method.h2o.prefill", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.h2o.prefill", [](const kc::case_data& c, kc::outputs& out) {
       const auto& k = c.in("keys");
       const int h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
       const int B = param(c, "budget");
@@ -111,7 +111,7 @@ const kc::registrar method_h2o_prefill{
 // ---- StreamingLLM: recency_scores ---------------------------------------------------------------
 
 const kc::registrar method_streaming_llm_prefill{
-    kc::backend::thrust, "method.streaming_llm.prefill",
+    handlers_backend, "method.streaming_llm.prefill",
     [](const kc::case_data& c, kc::outputs& out) {
       const int n = param(c, "n"), B = param(c, "budget"), S = param(c, "sink");
       // One head of n tokens: the kept set does not depend on the keys (zeros, d = 1). Scores are

@@ -221,7 +221,7 @@ const float* step_row(const kc::tensor& t, int step) {
 // ---- StreamingLLM ---------------------------------------------------------------------------------
 
 const kc::registrar method_streaming_llm_decode{
-    kc::backend::thrust, "method.streaming_llm.decode",
+    handlers_backend, "method.streaming_llm.decode",
     [](const kc::case_data& c, kc::outputs& out) {
       const auto& k = c.in("keys");
       const auto& sq = c.in("step_queries");
@@ -271,7 +271,7 @@ const kc::registrar method_streaming_llm_decode{
 // ---- H2O ------------------------------------------------------------------------------------------
 
 const kc::registrar method_h2o_decode{
-    kc::backend::thrust, "method.h2o.decode", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.h2o.decode", [](const kc::case_data& c, kc::outputs& out) {
       const auto& k = c.in("keys");
       const auto& q = c.in("queries");
       const auto& sq = c.in("step_queries");
@@ -346,7 +346,7 @@ const kc::registrar method_h2o_decode{
 // ---- Quest ----------------------------------------------------------------------------------------
 
 const kc::registrar method_quest_decode{
-    kc::backend::thrust, "method.quest.decode", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.quest.decode", [](const kc::case_data& c, kc::outputs& out) {
       kvsift::require(c.param_s("gqa") == "max", "method.quest.decode", "gqa", c.param_s("gqa"),
                       "\"max\"");
       const auto& k = c.in("keys");
@@ -418,7 +418,7 @@ const kc::registrar method_quest_decode{
 // ---- LagKV ----------------------------------------------------------------------------------------
 
 const kc::registrar method_lagkv_decode{
-    kc::backend::thrust, "method.lagkv.decode", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.lagkv.decode", [](const kc::case_data& c, kc::outputs& out) {
       const auto& keys = c.in("keys");
       const auto& values = c.in("values");
       const auto& sq = c.in("step_queries");

@@ -86,7 +86,7 @@ void dynamickv_rounds(kvsift::budget::dynamic_layer& b, const dvec<float>& score
 }
 
 const kc::registrar method_dynamickv_prefill{
-    kc::backend::thrust, "method.dynamickv.prefill", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.dynamickv.prefill", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("queries");
       const auto& k = c.in("keys");
       const int L = dim(k, 0), H = dim(k, 1), n = dim(k, 2), d = dim(k, 3);
@@ -111,7 +111,7 @@ const kc::registrar method_dynamickv_prefill{
     }};
 
 const kc::registrar budget_dynamickv{
-    kc::backend::thrust, "budget.dynamickv", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "budget.dynamickv", [](const kc::case_data& c, kc::outputs& out) {
       const auto& sc = c.in("scores");
       const int L = dim(sc, 0), H = dim(sc, 1), M = dim(sc, 2);
       const int n = param(c, "n"), w = param(c, "window");

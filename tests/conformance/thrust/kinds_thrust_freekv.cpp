@@ -16,7 +16,7 @@ namespace {
 using namespace kvsift::conformance::thrust_kinds;  // kc, kt, dvec, to_device, ...
 
 const kc::registrar trigger_query_cosine{
-    kc::backend::thrust, "trigger.query_cosine", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "trigger.query_cosine", [](const kc::case_data& c, kc::outputs& out) {
       const auto& q = c.in("query");
       const auto& prev = c.in("prev_query");
       const int hq = dim(q, 0), d = dim(q, 2), G = param(c, "G");

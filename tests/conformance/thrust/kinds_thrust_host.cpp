@@ -8,16 +8,18 @@
 
 #include "../kinds_host.hpp"
 #include "../runner.hpp"
+#include "helpers.hpp"
 
 namespace {
 namespace kc = kvsift::conformance;
+using kvsift::conformance::thrust_kinds::handlers_backend;
 
-const kc::registrar budget_fraction{kc::backend::thrust, "budget.fraction",
+const kc::registrar budget_fraction{handlers_backend, "budget.fraction",
                                     kc::budget_fraction_kind};
-const kc::registrar budget_pyramidkv{kc::backend::thrust, "budget.pyramidkv",
+const kc::registrar budget_pyramidkv{handlers_backend, "budget.pyramidkv",
                                      kc::budget_pyramidkv_kind};
-const kc::registrar budget_synckv{kc::backend::thrust, "budget.synckv", kc::budget_synckv_kind};
-const kc::registrar budget_heterocache{kc::backend::thrust, "budget.heterocache",
+const kc::registrar budget_synckv{handlers_backend, "budget.synckv", kc::budget_synckv_kind};
+const kc::registrar budget_heterocache{handlers_backend, "budget.heterocache",
                                        kc::budget_heterocache_kind};
 
 }  // namespace

@@ -242,7 +242,7 @@ void install_with_decode_tokens(device_tiers& t, const std::vector<i32>& targets
 // ---- SyncKV ---------------------------------------------------------------------------------------
 
 const kc::registrar method_synckv_decode{
-    kc::backend::thrust, "method.synckv.decode", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.synckv.decode", [](const kc::case_data& c, kc::outputs& out) {
       kvsift::require(c.param_s("gqa") == "max", "method.synckv.decode", "gqa", c.param_s("gqa"),
                       "\"max\" (SyncKV's runtime scores)");
       const auto& k = c.in("keys");
@@ -348,7 +348,7 @@ const kc::registrar method_synckv_decode{
 // ---- FreeKV ---------------------------------------------------------------------------------------
 
 const kc::registrar method_freekv_decode{
-    kc::backend::thrust, "method.freekv.decode", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.freekv.decode", [](const kc::case_data& c, kc::outputs& out) {
       const auto& k = c.in("keys");
       const auto& v = c.in("values");
       const auto& sq = c.in("step_queries");
@@ -521,7 +521,7 @@ device_sets top_of_rows(const dvec<float>& rows, int R, int n, const std::vector
 }
 
 const kc::registrar method_heterocache_prefill{
-    kc::backend::thrust, "method.heterocache.prefill", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.heterocache.prefill", [](const kc::case_data& c, kc::outputs& out) {
       check_heterocache_scoring(c, "method.heterocache.prefill");
       const auto& k = c.in("keys");
       const auto& q = c.in("query");
@@ -541,7 +541,7 @@ const kc::registrar method_heterocache_prefill{
     }};
 
 const kc::registrar method_heterocache_decode{
-    kc::backend::thrust, "method.heterocache.decode", [](const kc::case_data& c, kc::outputs& out) {
+    handlers_backend, "method.heterocache.decode", [](const kc::case_data& c, kc::outputs& out) {
       check_heterocache_scoring(c, "method.heterocache.decode");
       const auto& k = c.in("keys");
       const auto& v = c.in("values");
