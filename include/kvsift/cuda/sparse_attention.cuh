@@ -17,7 +17,7 @@
 // of the segment's set; a segment's set is cut into `num_splits` chunks (a plan, below) so that a
 // small batch still fills the GPU. Inside a block every 16-byte load is one lane's share of a
 // row: a row of d channels takes d * sizeof(T) / 16 lanes, so a warp reads 1-4 rows at a time,
-// two per lane-group in flight. Each lane-group keeps its own running max, sum and accumulator;
+// four per lane-group in flight. Each lane-group keeps its own running max, sum and accumulator;
 // the block merges them through shared memory, and with more than one split a second kernel
 // merges the chunks' partial results (from the caller's workspace) into the output.
 
@@ -30,6 +30,8 @@
 #include <kvsift/cuda/policy.cuh>
 
 #include <algorithm>
+#include <cuda_fp16.h>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -94,14 +96,14 @@ KVSIFT_DEVICE inline std::int32_t token_at(const page_set& set, std::int32_t bas
 KVSIFT_DEVICE inline std::int32_t entry_tokens(const token_set&) { return 1; }
 KVSIFT_DEVICE inline std::int32_t entry_tokens(const page_set& set) { return set.page_size; }
 
-template <class T, int N>
-KVSIFT_DEVICE inline void load16(const T* p, float (&out)[N]) {
-  static_assert(N * sizeof(T) == 16);
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    out[i] = to_float(e[i]);
+// Element i of a 16-byte word of T, as float (half through the hardware conversion: exact).
+template <class T>
+KVSIFT_DEVICE inline float element_of(const uint4& raw, int i) {
+  const T e = reinterpret_cast<const T*>(&raw)[i];
+  if constexpr (std::is_same_v<T, half>) {
+    return __half2float(__ushort_as_half(e.bits));
+  } else {
+    return to_float(e);
   }
 }
 
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(attention_threads)
   constexpr int vec = tile::vec;
   constexpr int lanes = tile::lanes;
   constexpr int groups = tile::groups;
-  constexpr int unroll = 2;  // rows in flight per lane-group
+  constexpr int unroll = 4;  // rows in flight per lane-group (kept as raw 16-byte words)
 
   const std::int32_t tiles_per_request = num_q_heads / G;
   const std::int32_t r = blockIdx.x / tiles_per_request;
@@ -155,10 +157,11 @@ __global__ void __launch_bounds__(attention_threads)
   float qr[G][vec];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const T* qrow = q + (std::int64_t{r} * num_q_heads + hq0 + g) * D + c0;
+    const uint4 raw = *reinterpret_cast<const uint4*>(
+        q + (std::int64_t{r} * num_q_heads + hq0 + g) * D + c0);
 #pragma unroll
     for (int i = 0; i < vec; ++i) {
-      qr[g][i] = to_float(qrow[i]) * scale;  // fold the scale into q once
+      qr[g][i] = element_of<T>(raw, i) * scale;  // fold the scale into q once
     }
   }
   float m[G], l[G], acc[G][vec];
@@ -175,20 +178,18 @@ __global__ void __launch_bounds__(attention_threads)
   // The trip count is the block's, so every lane reaches the shuffles below.
   for (std::int32_t u = u0; u < u1; u += groups * unroll) {
     std::int32_t t[unroll];
-    float kf[unroll][vec], vf[unroll][vec];
 #pragma unroll
     for (int j = 0; j < unroll; ++j) {
       const std::int32_t uj = u + j * groups + lg;
       t[j] = uj < u1 ? token_at(set, base, uj, n) : -1;
-      if (t[j] >= 0) {
-        load16(kv.row(0, r, h, t[j]) + c0, kf[j]);
-        load16(kv.row(1, r, h, t[j]) + c0, vf[j]);
-      } else {
+    }
+    uint4 kr[unroll], vr[unroll];  // every load of the iteration in flight before any use
 #pragma unroll
-        for (int i = 0; i < vec; ++i) {
-          kf[j][i] = 0.0f;
-          vf[j][i] = 0.0f;
-        }
+    for (int j = 0; j < unroll; ++j) {
+      kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+      if (t[j] >= 0) {
+        kr[j] = __ldg(reinterpret_cast<const uint4*>(kv.row(0, r, h, t[j]) + c0));
+        vr[j] = __ldg(reinterpret_cast<const uint4*>(kv.row(1, r, h, t[j]) + c0));
       }
     }
 #pragma unroll
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(attention_threads)
         float x = 0.0f;
 #pragma unroll
         for (int i = 0; i < vec; ++i) {
-          x += qr[g][i] * kf[j][i];
+          x += qr[g][i] * element_of<T>(kr[j], i);
         }
         x = group_sum<lanes>(x);
         dot[j] = t[j] >= 0 ? x : -INFINITY;
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(attention_threads)
         float a = acc[g][i] * corr;
 #pragma unroll
         for (int j = 0; j < unroll; ++j) {
-          a += p[j] * vf[j][i];
+          a += p[j] * element_of<T>(vr[j], i);
         }
         acc[g][i] = a;
       }
@@ -399,6 +400,8 @@ void run_attention(const char* where, par policy, const typename Kv::element_typ
           where, "q/out/set", "null", "device pointers");
   require(rows_aligned(kv), where, "kv", "rows not 16-byte aligned",
           "K/V base pointers and strides that are multiples of 16 bytes");
+  require(reinterpret_cast<std::uintptr_t>(q) % 16 == 0, where, "q", "not 16-byte aligned",
+          "a 16-byte aligned array");
   const float scale =
       shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(kv.head_dim));
   if (kv.head_dim == 64) {
