@@ -8,7 +8,7 @@
 // the CPU schedule decided after the previous step) -> append -> plan -> attention -> the step's
 // decisions. The store is store::tiered's two tiers (thrust/pool.hpp): the device tier holds each
 // KV head's working set (rows sorted by position) and the host pool every token (plain host
-// memory; under CUDA it would be pinned, mapped memory). A "recall" is thrust::tier_install
+// memory; under CUDA pinned, mapped memory: host_pool_array). A "recall" is thrust::tier_install
 // copying the missing rows from the pool into the device tier, in the step the CPU schedule
 // installs them (deferred_recall: step t+1 after the decision of step t; speculative: the step the
 // selection is used). Shapes on the host, contents on the device: every count (working-set
@@ -38,6 +38,7 @@
 
 #include <thrust/copy.h>
 #include <thrust/device_vector.h>
+#include <thrust/universal_vector.h>
 #include <thrust/execution_policy.h>
 
 #include <algorithm>
@@ -57,6 +58,19 @@ std::vector<i32> csr_of(const std::vector<i32>& counts) {
   return o;
 }
 
+// A host pool array: host memory the device reads in place, as store::tiered's recall does.
+// Plain host memory under Thrust's CPP/OMP systems; pinned and mapped under CUDA (a kernel
+// cannot read pageable host memory).
+template <class T>
+struct host_pool_array {
+  ::thrust::universal_host_pinned_vector<T> v;
+  explicit host_pool_array(std::size_t n) : v(n, T{}) {}
+  T* data() { return ::thrust::raw_pointer_cast(v.data()); }
+  const T* data() const { return ::thrust::raw_pointer_cast(v.data()); }
+  T* begin() { return data(); }
+  T& operator[](std::size_t i) { return data()[i]; }
+};
+
 // The two tiers of one request and one layer (store::tiered): the device tier [S, cap, d] and the
 // host pool [S, cap, d], positions of every row, lengths on the host.
 struct device_tiers {
@@ -65,8 +79,8 @@ struct device_tiers {
   dvec<i32> pos;
   std::vector<i32> len;  // host: resident rows per segment (a shape)
   dvec<i32> off;         // device copy of csr_of(len)
-  std::vector<float> pool_k, pool_v;  // host pool
-  std::vector<i32> pool_pos, pool_off;
+  host_pool_array<float> pool_k, pool_v;  // host pool
+  host_pool_array<i32> pool_pos, pool_off;
   int pool_len = 0;
   dvec<unsigned char> ws;
 
@@ -78,8 +92,8 @@ struct device_tiers {
         len(static_cast<std::size_t>(segments), 0),
         pool_k(k.size()),
         pool_v(k.size()),
-        pool_pos(pos.size(), 0),
-        pool_off(static_cast<std::size_t>(segments) + 1, 0) {
+        pool_pos(pos.size()),
+        pool_off(static_cast<std::size_t>(segments) + 1) {
     upload();
   }
   kt::tier_rows<float> tier() { return {raw(k), raw(v), raw(pos), S, cap, d}; }
