@@ -1,20 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Segmented top-k on the GPU, built from CUB's DeviceSegmentedSort (CCCL 3.0.1 has no
-// cub::DeviceTopK). Mirrors cpu/segmented_topk.hpp and thrust/segmented_topk.hpp.
+// Segmented top-k on the GPU by radix select, one block per segment. Mirrors
+// cpu/segmented_topk.hpp and thrust/segmented_topk.hpp.
 //
 // Semantics (METHODS.md, general conventions): in each segment keep the k_s highest scores;
 // ties go to the lower index; the kept indices are returned ascending. NaN ranks below every
 // number (also below -inf); -0.0 and +0.0 are equal. Protected tokens (sinks, windows) are
 // expressed by the caller as +inf scores; among equal +inf the lower index wins as usual.
 //
-// Algorithm: one 64-bit key per score, (descending-order score bits << 32) | local index, so the
-// key order IS the required order and no sort stability is needed; a segmented sort of those
-// keys; the first k_s of each segment are copied out; a second segmented sort orders them by
-// index. Cost: two segmented sorts, of n and of sum(k) keys; nothing is allocated.
+// Algorithm: each score maps to a 32-bit key whose ascending order is the required order
+// (descending score, NaN last, -0 == +0). Four 8-bit histogram passes over the segment find the
+// k_s-th smallest key T exactly (radix select, as torch.topk does); a last pass in index order
+// keeps every key < T and the first k_s - #(key < T) keys equal to T, writing each kept index at
+// its rank among the kept (a block scan), so the output is ascending without a sort. Five reads
+// of the segment (from L2 when it fits), nothing written but the result, no scratch memory.
 //
-// Two-phase use:
+// Two-phase use (the plan is kept for its validation; the workspace is 0 bytes):
 //   auto plan = kvsift::cuda::make_segmented_topk_plan(n, segments, kept);  // host, once
 //   device_buffer<std::byte> ws(plan.workspace_bytes);                      // once
 //   kvsift::cuda::segmented_topk(kvsift::cuda::par{stream}, plan, ws.data(), ws.size(),
@@ -27,23 +29,22 @@
 #include <kvsift/cuda/memory.cuh>
 #include <kvsift/cuda/policy.cuh>
 
-#include <cub/device/device_segmented_sort.cuh>
+#include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 
 namespace kvsift::cuda {
 
-// POD plan of a segmented top-k: sizes and the workspace layout. Depends only on the three
-// counts, so one plan serves every step with the same capacities (CUDA-graph friendly).
+// POD plan of a segmented top-k: the validated counts. Depends only on the three counts, so
+// one plan serves every step with the same capacities (CUDA-graph friendly).
 struct segmented_topk_plan {
   std::int32_t num_items = 0;     // total scores over all segments (offsets[num_segments])
   std::int32_t num_segments = 0;  // number of segments
   std::int32_t num_kept = 0;      // total kept indices (out_offsets[num_segments])
-  std::size_t sort_bytes = 0;     // CUB scratch of the score sort
-  std::size_t order_bytes = 0;    // CUB scratch of the index sort
-  std::size_t workspace_bytes = 0;  // what the caller must provide
+  std::size_t workspace_bytes = 0;  // what the caller must provide (0: radix select needs none)
 };
 
 namespace detail {
@@ -61,86 +62,127 @@ KVSIFT_DEVICE inline std::uint32_t descending_key(float s) {
   return ~ordered;
 }
 
-// Kernels are templates so that a header-only library never defines a kernel twice.
-template <Element Score>
-KVSIFT_KERNEL void topk_make_keys(const Score* __restrict__ scores,
-                                  const std::int32_t* __restrict__ offsets,
-                                  std::int32_t num_segments, std::int32_t num_items,
-                                  std::uint64_t* __restrict__ keys) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < num_items;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int32_t s = segment_of(offsets, num_segments, i);
-    const auto local = static_cast<std::uint32_t>(i - offsets[s]);
-    // index in the low bits: equal scores order by index without a stable sort
-    keys[i] = (std::uint64_t{descending_key(to_float(scores[i]))} << 32) | local;
-  }
-}
+inline constexpr int topk_block = 256;
 
-template <class Key>
-KVSIFT_KERNEL void topk_take_first(const Key* __restrict__ sorted,
-                                   const std::int32_t* __restrict__ offsets,
-                                   const std::int32_t* __restrict__ out_offsets,
-                                   std::int32_t num_segments, std::int32_t num_kept,
-                                   std::int32_t* __restrict__ kept) {
-  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < num_kept;
-       j += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int32_t s = segment_of(out_offsets, num_segments, j);
-    const std::int64_t r = j - out_offsets[s];
-    const std::int64_t n = offsets[s + 1] - offsets[s];
-    // a contract violation (k_s > n_s) yields -1 instead of reading another segment
-    kept[j] = r < n ? static_cast<std::int32_t>(sorted[offsets[s] + r] & 0xffffffffu) : -1;
+// One block per segment (grid-stride over segments). Kernels are templates so that a
+// header-only library never defines a kernel twice.
+template <Element Score>
+KVSIFT_KERNEL void __launch_bounds__(topk_block)
+    radix_topk_kernel(const Score* __restrict__ scores, const std::int32_t* __restrict__ offsets,
+                      const std::int32_t* __restrict__ out_offsets, std::int32_t num_segments,
+                      std::int32_t* __restrict__ out) {
+  using scan_t = ::cub::BlockScan<unsigned long long, topk_block>;
+  __shared__ typename scan_t::TempStorage scan_storage;
+  __shared__ unsigned hist[256];
+  __shared__ std::uint32_t found_prefix;
+  __shared__ std::uint32_t found_rank;
+  for (std::int32_t s = blockIdx.x; s < num_segments; s += gridDim.x) {
+    const std::int32_t first = offsets[s];
+    const std::int32_t n = offsets[s + 1] - first;
+    const std::int32_t o = out_offsets[s];
+    const std::int32_t k = out_offsets[s + 1] - o;
+    const std::int32_t kk = min(k, n);
+    for (std::int32_t j = max(kk, 0) + threadIdx.x; j < k; j += topk_block) {
+      out[o + j] = -1;  // a contract violation (k_s > n_s) yields -1, never another segment
+    }
+    if (kk <= 0) {
+      continue;  // uniform across the block
+    }
+    const Score* seg = scores + first;
+    // radix select of the kk-th smallest key: `prefix` holds the digits found so far, `rank`
+    // the threshold's 1-based rank among the keys that share them
+    std::uint32_t prefix = 0, mask = 0, rank = static_cast<std::uint32_t>(kk);
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = threadIdx.x; i < 256; i += topk_block) {
+        hist[i] = 0;
+      }
+      __syncthreads();
+      for (std::int32_t i = threadIdx.x; i < n; i += topk_block) {
+        const std::uint32_t key = descending_key(to_float(seg[i]));
+        if ((key & mask) == prefix) {
+          atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < 32) {  // one warp finds the digit holding the rank
+        const int lane = static_cast<int>(threadIdx.x);
+        unsigned bins[8];
+        unsigned sum = 0;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          bins[b] = hist[lane * 8 + b];
+          sum += bins[b];
+        }
+        unsigned inclusive = sum;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+          const unsigned up = __shfl_up_sync(0xffffffffu, inclusive, d);
+          if (lane >= d) {
+            inclusive += up;
+          }
+        }
+        unsigned before = inclusive - sum;
+        if (before < rank && rank <= inclusive) {
+#pragma unroll
+          for (int b = 0; b < 8; ++b) {
+            if (before + bins[b] >= rank) {
+              found_prefix = prefix | (static_cast<std::uint32_t>(lane * 8 + b) << shift);
+              found_rank = rank - before;
+              break;
+            }
+            before += bins[b];
+          }
+        }
+      }
+      __syncthreads();
+      prefix = found_prefix;
+      rank = found_rank;
+      mask |= 0xffu << shift;
+    }
+    // keep every key < prefix and the first `rank` keys == prefix, in index order
+    unsigned long long seen = 0;  // (#less << 32) | #equal in the tiles before this one
+    for (std::int32_t base = 0; base < n; base += topk_block) {
+      const std::int32_t i = base + static_cast<std::int32_t>(threadIdx.x);
+      const std::uint32_t key = i < n ? descending_key(to_float(seg[i])) : 0xffffffffu;
+      const bool less = i < n && key < prefix;
+      const bool equal = i < n && key == prefix;
+      const unsigned long long mine =
+          (static_cast<unsigned long long>(less) << 32) | static_cast<unsigned long long>(equal);
+      unsigned long long prior = 0, tile = 0;
+      scan_t(scan_storage).ExclusiveSum(mine, prior, tile);
+      prior += seen;
+      const auto less_before = static_cast<std::uint32_t>(prior >> 32);
+      const auto equal_before = static_cast<std::uint32_t>(prior & 0xffffffffu);
+      if (less || (equal && equal_before < rank)) {
+        out[o + less_before + min(equal_before, rank)] = i;
+      }
+      seen += tile;
+      __syncthreads();  // scan_storage is reused by the next tile
+    }
   }
 }
 
 }  // namespace detail
 
-// Sizes a segmented top-k (phase one). Calls CUB's size queries, which read the current
-// device's properties: throws cuda_error without a usable device, kvsift::error on negative
-// counts. (A template only so that CUB's kernels are compiled in the TUs that use it; the plan
-// does not depend on Score.)
-// Counts are taken as int64 and must fit CUB's int32 item counts: a larger count is a
-// kvsift::error, never a truncated one.
+// Validates and records the counts of a segmented top-k (phase one; no device call). Counts are
+// taken as int64 and must fit int32: a larger count is a kvsift::error, never a truncated one.
+// (A template so that its instantiation list matches segmented_topk's.)
 template <Element Score = float>
 [[nodiscard]] segmented_topk_plan make_segmented_topk_plan(std::int64_t num_items64,
-                                                                  std::int64_t num_segments64,
-                                                                  std::int64_t num_kept64) {
+                                                           std::int64_t num_segments64,
+                                                           std::int64_t num_kept64) {
   constexpr const char* where = "cuda::make_segmented_topk_plan";
   constexpr std::int64_t max32 = std::numeric_limits<std::int32_t>::max();
   require(num_items64 >= 0 && num_items64 <= max32, where, "num_items", num_items64,
-          "in [0, 2^31 - 1] (CUB's int32 item counts)");
+          "in [0, 2^31 - 1]");
   require(num_segments64 >= 0 && num_segments64 <= max32, where, "num_segments",
           num_segments64, "in [0, 2^31 - 1]");
   require(num_kept64 >= 0 && num_kept64 <= num_items64, where, "num_kept", num_kept64,
           "in [0, num_items]");
-  const auto num_items = static_cast<std::int32_t>(num_items64);
-  const auto num_segments = static_cast<std::int32_t>(num_segments64);
-  const auto num_kept = static_cast<std::int32_t>(num_kept64);
   segmented_topk_plan p;
-  p.num_items = num_items;
-  p.num_segments = num_segments;
-  p.num_kept = num_kept;
-  const std::int32_t* no_offsets = nullptr;
-  if (num_items > 0 && num_segments > 0) {
-    check(::cub::DeviceSegmentedSort::SortKeys(
-              nullptr, p.sort_bytes, static_cast<const std::uint64_t*>(nullptr),
-              static_cast<std::uint64_t*>(nullptr), num_items, num_segments, no_offsets,
-              no_offsets, cudaStream_t{}),
-          where);
-  }
-  if (num_kept > 0 && num_segments > 0) {
-    check(::cub::DeviceSegmentedSort::SortKeys(
-              nullptr, p.order_bytes, static_cast<const std::int32_t*>(nullptr),
-              static_cast<std::int32_t*>(nullptr), num_kept, num_segments, no_offsets,
-              no_offsets, cudaStream_t{}),
-          where);
-  }
-  workspace_carver c;
-  (void)c.take<std::uint64_t>(num_items);  // keys
-  (void)c.take<std::uint64_t>(num_items);  // sorted keys
-  (void)c.take<std::int32_t>(num_kept);    // kept, unordered
-  (void)c.take_bytes(p.sort_bytes);
-  (void)c.take_bytes(p.order_bytes);
-  p.workspace_bytes = c.used();
+  p.num_items = static_cast<std::int32_t>(num_items64);
+  p.num_segments = static_cast<std::int32_t>(num_segments64);
+  p.num_kept = static_cast<std::int32_t>(num_kept64);
   return p;
 }
 
@@ -152,13 +194,14 @@ template <Element Score = float>
   return make_segmented_topk_plan<Score>(num_items, num_segments, num_kept).workspace_bytes;
 }
 
-// Segmented top-k (phase two). Enqueues on policy.stream; no allocation, no host sync.
+// Segmented top-k (phase two). Enqueues one kernel on policy.stream; no allocation, no host
+// sync (CUDA-graph safe).
 //   scores       [plan.num_items] device, float (or half/bfloat16, compared as float); segment s is [offsets[s], offsets[s+1])
 //   offsets      [plan.num_segments + 1] device CSR offsets, offsets[0] == 0
 //   out_offsets  [plan.num_segments + 1] device CSR offsets of the result; segment s keeps
 //                k_s = out_offsets[s+1] - out_offsets[s] <= its length (else -1 entries)
 //   out_indices  [plan.num_kept] device; indices local to their segment, ascending
-//   workspace    >= plan.workspace_bytes bytes of device memory, 256-byte aligned
+//   workspace    >= plan.workspace_bytes (0) bytes; any pointer
 // Throws kvsift::error on a too small workspace or null pointers; cuda_error on launch errors.
 template <Element Score>
 void segmented_topk(par policy, const segmented_topk_plan& plan, void* workspace,
@@ -171,34 +214,14 @@ void segmented_topk(par policy, const segmented_topk_plan& plan, void* workspace
   if (plan.num_kept == 0 || plan.num_segments == 0) {
     return;
   }
-  require(workspace != nullptr, where, "workspace", "null", "device memory");
   require(scores != nullptr && offsets != nullptr && out_offsets != nullptr &&
               out_indices != nullptr,
           where, "scores/offsets/out_offsets/out_indices", "null", "device pointers");
-  workspace_carver c(workspace);
-  auto* keys = c.take<std::uint64_t>(plan.num_items);
-  auto* sorted = c.take<std::uint64_t>(plan.num_items);
-  auto* kept = c.take<std::int32_t>(plan.num_kept);
-  void* sort_tmp = c.take_bytes(plan.sort_bytes);
-  void* order_tmp = c.take_bytes(plan.order_bytes);
-  constexpr int block = 256;
-
-  detail::topk_make_keys<Score><<<detail::grid_for(plan.num_items, block), block, 0, policy.stream>>>(
-      scores, offsets, plan.num_segments, plan.num_items, keys);
+  (void)workspace;
+  const unsigned grid = static_cast<unsigned>(std::min(plan.num_segments, 65535 * 8));
+  detail::radix_topk_kernel<Score><<<grid, detail::topk_block, 0, policy.stream>>>(
+      scores, offsets, out_offsets, plan.num_segments, out_indices);
   check_launch(where);
-  std::size_t sort_bytes = plan.sort_bytes;
-  check(::cub::DeviceSegmentedSort::SortKeys(sort_tmp, sort_bytes, keys, sorted, plan.num_items,
-                                             plan.num_segments, offsets, offsets + 1,
-                                             policy.stream),
-        where);
-  detail::topk_take_first<std::uint64_t><<<detail::grid_for(plan.num_kept, block), block, 0, policy.stream>>>(
-      sorted, offsets, out_offsets, plan.num_segments, plan.num_kept, kept);
-  check_launch(where);
-  std::size_t order_bytes = plan.order_bytes;
-  check(::cub::DeviceSegmentedSort::SortKeys(order_tmp, order_bytes, kept, out_indices,
-                                             plan.num_kept, plan.num_segments, out_offsets,
-                                             out_offsets + 1, policy.stream),
-        where);
 }
 
 }  // namespace kvsift::cuda
