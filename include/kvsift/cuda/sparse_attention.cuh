@@ -12,7 +12,7 @@
 // G = 1). Arithmetic in float, row max subtracted (online softmax). An empty set gives zeros.
 // Element types float, half, bfloat16; head_dim 64 or 128 (template-specialised).
 //
-// Kernel shape (split-KV, as flash-decoding): a block serves a tile of up to 8 query heads that
+// Kernel shape (split-KV, as flash-decoding): a block serves a tile of up to 4 query heads that
 // share one KV head, so each K/V row is read from memory once for the whole tile, over one chunk
 // of the segment's set; a segment's set is cut into `num_splits` chunks (a plan, below) so that a
 // small batch still fills the GPU. Inside a block every 16-byte load is one lane's share of a
@@ -65,9 +65,11 @@ namespace detail {
 
 inline constexpr int attention_threads = 128;
 
-// Query heads a block serves: the largest of 8, 4, 2, 1 dividing the GQA group.
+// Query heads a block serves: the largest of 4, 2, 1 dividing the GQA group. (A tile of 8 would
+// need 229 registers a thread; a group of 8 runs as two tiles of 4, whose second read of each
+// K/V row L2 serves.)
 constexpr int attention_head_tile(std::int32_t group) {
-  return group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
 }
 
 template <class T, int D>
@@ -372,7 +374,6 @@ void launch_attention(par policy, const typename Kv::element_type* q, const Kv& 
                                                           out, parts.o, parts.ml);
   };
   switch (g) {
-    case 8: run(sparse_decode_attention_kernel<D, 8, Kv, Set>); break;
     case 4: run(sparse_decode_attention_kernel<D, 4, Kv, Set>); break;
     case 2: run(sparse_decode_attention_kernel<D, 2, Kv, Set>); break;
     default: run(sparse_decode_attention_kernel<D, 1, Kv, Set>); break;
