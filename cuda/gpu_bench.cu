@@ -28,6 +28,7 @@ namespace {
 
 double g_hbm_read = 0;  // bytes/s, measured in main()
 double g_h2d = 0;       // bytes/s, pinned host -> device
+int g_sms = 132;        // the device's multiprocessors, read in main()
 
 template <class T>
 kc::device_buffer<T> upload(const std::vector<T>& h) {
@@ -100,7 +101,7 @@ struct l2_flush {
   kc::device_buffer<unsigned> sink{1};
   l2_flush() { kc::check(cudaMemset(junk.data(), 0, junk.bytes()), "bench flush"); }
   void operator()(cudaStream_t s) {
-    read_kernel<<<132 * 8, 512, 0, s>>>(junk.data(), junk.size(), sink.data());
+    read_kernel<<<g_sms * 8, 512, 0, s>>>(junk.data(), junk.size(), sink.data());
   }
 };
 
@@ -134,16 +135,35 @@ void share_of(benchmark::State& state, const char* name, double bytes_per_iter, 
 
 // ---- references -------------------------------------------------------------------------------
 
+// The two limits, as callables on a stream (the benchmarks time them, main() takes their
+// medians for the shares).
+struct hbm_read_ref {
+  kc::device_buffer<uint4> buf{(std::size_t(2) << 30) / 16};
+  kc::device_buffer<unsigned> sink{1};
+  hbm_read_ref() { kc::check(cudaMemset(buf.data(), 7, buf.bytes()), "bench"); }
+  [[nodiscard]] double bytes() const { return double(buf.bytes()); }
+  void operator()(cudaStream_t s) {
+    read_kernel<<<g_sms * 16, 512, 0, s>>>(buf.data(), buf.size(), sink.data());
+  }
+};
+
+struct pinned_h2d_ref {
+  static constexpr std::size_t size = std::size_t(256) << 20;
+  kc::pinned_buffer<std::byte> host{size};
+  kc::device_buffer<std::byte> dev{size};
+  pinned_h2d_ref() { std::fill(host.data(), host.data() + size, std::byte{5}); }
+  [[nodiscard]] double bytes() const { return double(size); }
+  void operator()(cudaStream_t s) {
+    kc::check(cudaMemcpyAsync(dev.data(), host.data(), size, cudaMemcpyHostToDevice, s),
+              "bench");
+  }
+};
+
 void bm_hbm_read(benchmark::State& state) {
-  const std::size_t words = (std::size_t(2) << 30) / 16;
-  kc::device_buffer<uint4> buf(words);
-  kc::device_buffer<unsigned> sink(1);
-  kc::check(cudaMemset(buf.data(), 7, buf.bytes()), "bench");
+  hbm_read_ref ref;
   kc::stream st;
-  time_with_events(state, st.get(), [&] {
-    read_kernel<<<132 * 16, 512, 0, st.get()>>>(buf.data(), words, sink.data());
-  });
-  state.SetBytesProcessed(state.iterations() * std::int64_t(buf.bytes()));
+  time_with_events(state, st.get(), [&] { ref(st.get()); });
+  state.SetBytesProcessed(state.iterations() * std::int64_t(ref.bytes()));
 }
 
 void bm_device_copy(benchmark::State& state) {
@@ -159,16 +179,10 @@ void bm_device_copy(benchmark::State& state) {
 }
 
 void bm_pinned_h2d(benchmark::State& state) {
-  const std::size_t bytes = std::size_t(256) << 20;
-  kc::pinned_buffer<std::byte> h(bytes);
-  std::fill(h.data(), h.data() + bytes, std::byte{5});
-  kc::device_buffer<std::byte> d(bytes);
+  pinned_h2d_ref ref;
   kc::stream st;
-  time_with_events(state, st.get(), [&] {
-    kc::check(cudaMemcpyAsync(d.data(), h.data(), bytes, cudaMemcpyHostToDevice, st.get()),
-              "bench");
-  });
-  state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
+  time_with_events(state, st.get(), [&] { ref(st.get()); });
+  state.SetBytesProcessed(state.iterations() * std::int64_t(ref.bytes()));
 }
 
 // Median bytes/s of `reps` timed calls (for the shares, before the benchmarks run).
@@ -276,7 +290,7 @@ void bm_sparse_attention(benchmark::State& state) {
   kc::device_buffer<unsigned> sink(1);
   const std::int64_t words = static_cast<std::int64_t>(bytes) / 16;
   const double rows_rate = measure_rate(bytes, 11, [&](cudaStream_t s) {
-    rows_read_kernel<T><<<132 * 16, 512, 0, s>>>(view, d_idx.data(), kept, words, sink.data());
+    rows_read_kernel<T><<<g_sms * 16, 512, 0, s>>>(view, d_idx.data(), kept, words, sink.data());
   });
   share_of(state, "of_rows_read", bytes, rows_rate);
   state.counters["rows_read_GBps"] = rows_rate / 1e9;
@@ -371,22 +385,17 @@ int main(int argc, char** argv) {
     return 0;
   }
   {  // the limits every share is taken of, measured before the kernels in the same run
-    const std::size_t words = (std::size_t(2) << 30) / 16;
-    kc::device_buffer<uint4> buf(words);
-    kc::device_buffer<unsigned> sink(1);
-    kc::check(cudaMemset(buf.data(), 7, buf.bytes()), "bench");
-    g_hbm_read = measure_rate(double(buf.bytes()), 11, [&](cudaStream_t s) {
-      read_kernel<<<132 * 16, 512, 0, s>>>(buf.data(), words, sink.data());
-    });
-    const std::size_t bytes = std::size_t(256) << 20;
-    kc::pinned_buffer<std::byte> h(bytes);
-    std::fill(h.data(), h.data() + bytes, std::byte{5});
-    kc::device_buffer<std::byte> d(bytes);
-    g_h2d = measure_rate(double(bytes), 11, [&](cudaStream_t s) {
-      kc::check(cudaMemcpyAsync(d.data(), h.data(), bytes, cudaMemcpyHostToDevice, s), "bench");
-    });
     cudaDeviceProp prop{};
     kc::check(cudaGetDeviceProperties(&prop, 0), "bench");
+    g_sms = prop.multiProcessorCount;
+    {
+      hbm_read_ref ref;
+      g_hbm_read = measure_rate(ref.bytes(), 11, ref);
+    }
+    {
+      pinned_h2d_ref ref;
+      g_h2d = measure_rate(ref.bytes(), 11, ref);
+    }
     std::printf("device: %s, %d SMs, L2 %d MB\nlimits (median of 11): HBM read %.0f GB/s, "
                 "pinned H2D %.1f GB/s\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, g_hbm_read / 1e9,

@@ -399,7 +399,7 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
                              view_kind::paged_hnd);
   const int d = GENERATE(64, 128);
   const bool pages = GENERATE(false, true);
-  const int group = GENERATE(1, 4, 6);
+  const int group = GENERATE(1, 4, 6, 8);  // head tiles 1, 4, 2 and two tiles of 4
   // the single-kernel form, and the split form with its max_entries hint exact or too small
   // (a segment past the hint is read whole by its last chunk)
   const int form = GENERATE(0, 1, 2);

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""What a PyTorch user would write instead of kvsift's CUDA kernels, timed the way
-kvsift_cuda_bench times them (CUDA events around each call, L2 flushed by a read before each, median of
-the repetitions), on the same shapes. Run on the GPU machine beside the benchmark:
+"""What a PyTorch user would write instead of kvsift's CUDA kernels, on the same shapes, timed
+as kvsift_cuda_bench times them per call (CUDA events around each call, L2 evicted by a read
+before each). The statistic differs: this script reports the median of --reps single calls;
+the benchmark, the median of 5 repetitions each averaging 100 calls. Run on the GPU machine
+beside the benchmark:
 
     python3 cuda/torch_reference.py [--reps 50] [--json out.json]
 

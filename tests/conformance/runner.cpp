@@ -423,13 +423,6 @@ int main(int argc, char** argv) {
               << "' is not available in this runner; " << kc::where_backend_lives(be) << '\n';
     return 2;
   }
-  if (const auto probe = kc::backend_probes().find(be); probe != kc::backend_probes().end()) {
-    if (const std::string why = probe->second(); !why.empty()) {
-      std::cerr << "kvsift-conformance: backend '" << bname << "' cannot run here: " << why
-                << " (skipped)\n";
-      return 4;
-    }
-  }
   const auto& handlers = kc::registry(be);
   if (list_kinds) {
     // stdout: the kinds this backend runs; stderr (not the CPU's): the kinds it has no path for
@@ -446,6 +439,14 @@ int main(int argc, char** argv) {
   }
   if (!dir) {
     return kc::usage();
+  }
+  // running cases needs what the backend runs on (listing its kinds does not)
+  if (const auto probe = kc::backend_probes().find(be); probe != kc::backend_probes().end()) {
+    if (const std::string why = probe->second(); !why.empty()) {
+      std::cerr << "kvsift-conformance: backend '" << bname << "' cannot run here: " << why
+                << " (skipped)\n";
+      return 4;
+    }
   }
 
   int passed = 0, failed = 0, no_path = 0;

@@ -209,6 +209,9 @@ void segmented_topk(par policy, const segmented_topk_plan& plan, void* workspace
                            const std::int32_t* offsets, const std::int32_t* out_offsets,
                            std::int32_t* out_indices) {
   constexpr const char* where = "cuda::segmented_topk";
+  require(plan.num_items >= 0 && plan.num_segments >= 0 && plan.num_kept >= 0 &&
+              plan.num_kept <= plan.num_items,
+          where, "plan", "negative or inconsistent counts", "a plan from make_segmented_topk_plan");
   require(workspace_bytes >= plan.workspace_bytes, where, "workspace_bytes", workspace_bytes,
           ">= plan.workspace_bytes");
   if (plan.num_kept == 0 || plan.num_segments == 0) {

@@ -66,8 +66,8 @@ namespace detail {
 inline constexpr int attention_threads = 128;
 
 // Query heads a block serves: the largest of 4, 2, 1 dividing the GQA group. (A tile of 8 would
-// need 229 registers a thread; a group of 8 runs as two tiles of 4, whose second read of each
-// K/V row L2 serves.)
+// need 229 registers a thread; a group of 8 runs as two tiles of 4, each reading the KV head's
+// rows: L2 may serve the second read, which was not measured.)
 constexpr int attention_head_tile(std::int32_t group) {
   return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
 }
@@ -361,6 +361,23 @@ bool rows_aligned(const paged_kv<T>& kv) {
          reinterpret_cast<std::uintptr_t>(kv.v_pages) % 16 == 0;
 }
 
+// The view's own arrays, each named when it is missing.
+template <Element T>
+void check_view(const char* where, const dense_kv<T>& kv) {
+  require(kv.k != nullptr, where, "kv.k", "null", "a device array");
+  require(kv.v != nullptr, where, "kv.v", "null", "a device array");
+  require(kv.seq_lens != nullptr, where, "kv.seq_lens", "null", "a device array");
+}
+template <Element T>
+void check_view(const char* where, const paged_kv<T>& kv) {
+  require(kv.k_pages != nullptr, where, "kv.k_pages", "null", "a device array");
+  require(kv.v_pages != nullptr, where, "kv.v_pages", "null", "a device array");
+  require(kv.indptr != nullptr, where, "kv.indptr", "null", "a device array");
+  require(kv.indices != nullptr, where, "kv.indices", "null", "a device array");
+  require(kv.last_page_len != nullptr, where, "kv.last_page_len", "null", "a device array");
+  require(kv.page_size > 0, where, "kv.page_size", kv.page_size, "> 0");
+}
+
 template <int D, KvView Kv, class Set>
 void launch_attention(par policy, const typename Kv::element_type* q, const Kv& kv,
                       const Set& set, std::int32_t num_q_heads, std::int32_t num_requests,
@@ -397,8 +414,11 @@ void run_attention(const char* where, par policy, const typename Kv::element_typ
   if (shape.num_requests == 0) {
     return;
   }
-  require(q != nullptr && out != nullptr && set.offsets != nullptr && set.indices != nullptr,
-          where, "q/out/set", "null", "device pointers");
+  require(q != nullptr, where, "q", "null", "a device array");
+  require(out != nullptr, where, "out", "null", "a device array");
+  require(set.offsets != nullptr, where, "set.offsets", "null", "a device array");
+  require(set.indices != nullptr, where, "set.indices", "null", "a device array");
+  check_view(where, kv);
   require(rows_aligned(kv), where, "kv", "rows not 16-byte aligned",
           "K/V base pointers and strides that are multiples of 16 bytes");
   require(reinterpret_cast<std::uintptr_t>(q) % 16 == 0, where, "q", "not 16-byte aligned",
@@ -419,7 +439,8 @@ void run_attention(const char* where, par policy, const typename Kv::element_typ
 
 // Plans a split launch (host only, no device call). `max_entries` bounds any segment's set size
 // in entries (tokens of a token_set, pages of a page_set of `page_size` tokens; 1 for tokens).
-// The sets are cut into chunks of at least `min_chunk_tokens` tokens until the grid has about
+// The sets are cut into chunks of at least `min_chunk_tokens` tokens (one chunk when the bound is
+// smaller) until the grid has about
 // `target_blocks` blocks (1024: several waves on an H100's 132 SMs).
 [[nodiscard]] inline sparse_attention_plan make_sparse_attention_plan(
     sparse_attention_shape shape, std::int32_t num_kv_heads, std::int32_t head_dim,
@@ -439,7 +460,7 @@ void run_attention(const char* where, par policy, const typename Kv::element_typ
   const std::int64_t blocks = std::int64_t{shape.num_requests} * shape.num_q_heads /
                               detail::attention_head_tile(shape.num_q_heads / num_kv_heads);
   const std::int64_t min_chunk = std::max<std::int64_t>(1, min_chunk_tokens / page_size);
-  const std::int64_t most = std::max<std::int64_t>(1, (max_entries + min_chunk - 1) / min_chunk);
+  const std::int64_t most = std::max<std::int64_t>(1, max_entries / min_chunk);  // chunks >= min
   const std::int64_t want = blocks == 0 ? 1 : (target_blocks + blocks - 1) / blocks;
   std::int64_t splits = std::clamp<std::int64_t>(want, 1, std::min<std::int64_t>(most, 65535));
   const std::int64_t chunk = (max_entries + splits - 1) / splits;
@@ -488,12 +509,25 @@ void sparse_decode_attention(par policy, const sparse_attention_plan& plan, void
               plan.num_kv_heads == kv.num_kv_heads && plan.head_dim == kv.head_dim,
           where, "plan", "for another shape",
           "a plan made for this launch's requests, q heads, KV heads and head_dim");
-  require(plan.num_splits >= 1 && (plan.num_splits == 1 || plan.chunk > 0), where,
-          "plan.num_splits", plan.num_splits, ">= 1 (from make_sparse_attention_plan)");
-  require(workspace_bytes >= plan.workspace_bytes, where, "workspace_bytes", workspace_bytes,
-          ">= plan.workspace_bytes");
-  require(plan.workspace_bytes == 0 || workspace != nullptr, where, "workspace", "null",
-          "a device pointer");
+  require(plan.num_splits >= 1 && plan.num_splits <= 65535 &&
+              (plan.num_splits == 1 || plan.chunk > 0) &&
+              std::int64_t{plan.chunk} * (plan.num_splits - 1) <= 0x7fffffff,
+          where, "plan.num_splits", plan.num_splits,
+          "in [1, 65535] with a positive chunk (from make_sparse_attention_plan)");
+  // what the chunks' partials take, from the plan's shape (never from a field it could disagree
+  // with)
+  std::size_t need = 0;
+  if (plan.num_splits > 1) {
+    detail::carve_attention_parts(nullptr, plan.num_splits,
+                                  std::int64_t{shape.num_requests} * shape.num_q_heads,
+                                  plan.head_dim, &need);
+  }
+  require(workspace_bytes >= need, where, "workspace_bytes", workspace_bytes,
+          ">= the plan's workspace_bytes");
+  require(need == 0 || (workspace != nullptr &&
+                        reinterpret_cast<std::uintptr_t>(workspace) % workspace_alignment == 0),
+          where, "workspace", workspace == nullptr ? "null" : "not 256-byte aligned",
+          "a 256-byte aligned device array");
   const detail::attention_parts parts =
       plan.num_splits > 1
           ? detail::carve_attention_parts(workspace, plan.num_splits,

@@ -6,6 +6,8 @@
 //
 // - async_transfer: submit a copy on a stream, poll it or make another stream wait for it;
 //   the "submit/poll" seam of DESIGN §8. Host memory must be pinned for real overlap.
+// - recall_gather<T>: the same recall as one kernel that reads the pinned host pool through
+//   its device mapping (item list in device memory; graph-capturable).
 // - streamed_recall<T>: recalls (page, kv_head) blocks from a pinned host pool stored as
 //   HND pages [pages][kv_heads][2][page_size][d] into device page slots stored NHD
 //   [slots][page_size][kv_heads][d] (keys and values apart). Copies go on a copy stream
@@ -97,6 +99,12 @@ struct recall_shape {
 inline constexpr int max_recall_chunk = 64;
 
 namespace detail {
+
+inline void check_recall_shape(const char* where, const recall_shape& shape) {
+  require(shape.page_size > 0, where, "shape.page_size", shape.page_size, "> 0");
+  require(shape.num_kv_heads > 0, where, "shape.num_kv_heads", shape.num_kv_heads, "> 0");
+  require(shape.head_dim > 0, where, "shape.head_dim", shape.head_dim, "> 0");
+}
 
 struct recall_chunk {
   std::int32_t count;
@@ -216,9 +224,7 @@ class streamed_recall {
  private:
   static recall_shape validated(const recall_shape& shape) {
     constexpr const char* where = "cuda::streamed_recall";
-    require(shape.page_size > 0, where, "shape.page_size", shape.page_size, "> 0");
-    require(shape.num_kv_heads > 0, where, "shape.num_kv_heads", shape.num_kv_heads, "> 0");
-    require(shape.head_dim > 0, where, "shape.head_dim", shape.head_dim, "> 0");
+    detail::check_recall_shape(where, shape);
     require(shape.chunk_items >= 1 && shape.chunk_items <= max_recall_chunk, where,
             "shape.chunk_items", shape.chunk_items, "in [1, 64]");
     return shape;
@@ -295,8 +301,7 @@ template <Element T>
 void recall_gather(par policy, recall_shape shape, const T* host_pool, std::int32_t num_pages,
                    const recall_item* items, std::int32_t count, T* k_dev, T* v_dev) {
   constexpr const char* where = "cuda::recall_gather";
-  require(shape.page_size > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0, where,
-          "shape.page_size", shape.page_size, "positive page_size, num_kv_heads, head_dim");
+  detail::check_recall_shape(where, shape);
   require(shape.head_dim * sizeof(T) % 16 == 0, where, "shape.head_dim", shape.head_dim,
           "a multiple of 16 bytes of channels");
   require(count >= 0, where, "count", count, ">= 0");
@@ -322,8 +327,7 @@ template <Element T>
 void hnd_pages_to_nhd(par policy, recall_shape shape, const T* hnd_pages,
                       std::span<const std::int32_t> slots, T* k_dev, T* v_dev) {
   constexpr const char* where = "cuda::hnd_pages_to_nhd";
-  require(shape.page_size > 0 && shape.num_kv_heads > 0 && shape.head_dim > 0, where,
-          "shape.page_size", shape.page_size, "positive page_size, num_kv_heads, head_dim");
+  detail::check_recall_shape(where, shape);
   if (slots.empty()) return;
   require(hnd_pages != nullptr, where, "hnd_pages", "null", "a device [pages][kv_heads][2][p][d] array");
   require(k_dev != nullptr && v_dev != nullptr, where, "k_dev/v_dev", "null",
