@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Decode attention of one GQA group (cpu/decode_attention.hpp): the portable path and the AVX-512
-// path (where this CPU has it) against a double-precision reference, and against each other;
-// attend_plan over a store gives the same output on both paths. Shapes cover the kernel's
-// blocking: G from 1 to 12 (chunks of 8 heads, tiles of 1-4 heads), head_dim multiples of 16
-// and not (portable fallback), row counts around the 16-lane and prefetch boundaries.
+// Decode attention of one GQA group (cpu/decode_attention.hpp): the portable path and the AVX2 and
+// AVX-512 paths (where this CPU has them) against a double-precision reference, and against each
+// other; attend_plan over a store gives the same output on every path. Shapes cover the kernels'
+// blocking: G from 1 to 12 (chunks of 8 or 4 heads, tiles of 1-4 heads), head_dim multiples of
+// 16, of 8 only (AVX-512 falls to AVX2) and of neither (portable fallback), row counts around
+// the lane and prefetch boundaries.
 
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/cpu/decode_attention.hpp>
@@ -114,31 +115,43 @@ TEMPLATE_TEST_CASE("decode attention of a GQA group: the portable path matches a
   require_close(c.run(), c.reference(), 2e-5, "portable " + where);
 }
 
-// Reported as skipped (not passed) on a CPU without AVX-512.
-TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx512 path matches a double reference "
-                   "and the portable path",
-                   "[decode_attention][avx512]", float, half, bfloat16) {
-  if (cpu::detected_simd() != cpu::simd::avx512) {
-    SKIP("this CPU has no AVX-512 (the avx512 path cannot run here)");
+// A vector path against the double reference and the portable path, over the kernels' blocking.
+// Reported as skipped (not passed) on a CPU without that path.
+template <class T>
+void check_vector_path(cpu::simd level) {
+  if (cpu::detected_simd() < level) {
+    SKIP("this CPU has no " << cpu::simd_name(level) << " (that path cannot run here)");
   }
   const int G = GENERATE(1, 2, 3, 4, 5, 8, 12);
-  const int d = GENERATE(16, 40, 64, 80, 128, 256);
+  const int d = GENERATE(8, 16, 40, 64, 80, 128, 256);
   const std::size_t m = GENERATE(std::size_t{1}, std::size_t{5}, std::size_t{16}, std::size_t{17},
                                  std::size_t{100}, std::size_t{1000});
-  const group_case<TestType> c(G, d, m, static_cast<unsigned>(G * 1000 + d * 10 + m));
-  const std::string where = "G=" + std::to_string(G) + " d=" + std::to_string(d) +
-                            " m=" + std::to_string(m);
+  const group_case<T> c(G, d, m, static_cast<unsigned>(G * 1000 + d * 10 + m));
+  const std::string where = std::string(cpu::simd_name(level)) + " G=" + std::to_string(G) +
+                            " d=" + std::to_string(d) + " m=" + std::to_string(m);
   const auto ref = c.reference();
   std::vector<float> portable;
   {
     const pin p(cpu::simd::portable);
     portable = c.run();
   }
-  const pin p(cpu::simd::avx512);
-  REQUIRE(cpu::active_simd() == cpu::simd::avx512);
+  const pin p(level);
+  REQUIRE(cpu::active_simd() == level);
   const auto fast = c.run();
-  require_close(fast, ref, 2e-5, "avx512 " + where);
-  require_close(fast, portable, 2e-5, "avx512 vs portable " + where);
+  require_close(fast, ref, 2e-5, where);
+  require_close(fast, portable, 2e-5, "vs portable " + where);
+}
+
+TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx2 path matches a double reference "
+                   "and the portable path",
+                   "[decode_attention][avx2]", float, half, bfloat16) {
+  check_vector_path<TestType>(cpu::simd::avx2);
+}
+
+TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx512 path matches a double reference "
+                   "and the portable path",
+                   "[decode_attention][avx512]", float, half, bfloat16) {
+  check_vector_path<TestType>(cpu::simd::avx512);
 }
 
 TEST_CASE("decode attention over no rows writes zeros", "[decode_attention]") {
@@ -161,6 +174,8 @@ TEST_CASE("pinning the path: scoped pins nest and restore, force/unforce, never 
     {
       const pin inner(cpu::simd::avx512);  // a level the CPU may lack: never more than detected
       REQUIRE(cpu::active_simd() == cpu::detected_simd());
+      const pin middle(cpu::simd::avx2);
+      REQUIRE(cpu::active_simd() == std::min(cpu::simd::avx2, cpu::detected_simd()));
     }
     REQUIRE(cpu::active_simd() == cpu::simd::portable);
   }

@@ -9,12 +9,16 @@
 // - avx512: AVX-512F + F16C intrinsics in functions compiled for that ISA
 //   (`__attribute__((target))`), chosen at run time when the CPU has them, so a binary built for
 //   generic x86-64 still uses 16-lane FMAs, one-instruction bf16/f16 -> f32 conversion and a
-//   vectorised exp. Needs head_dim % 16 == 0; other shapes take the portable path.
+//   vectorised exp. Needs head_dim % 16 == 0; other shapes take the next path down.
+// - avx2: the same kernels on 8 lanes (AVX2 + FMA + F16C: every x86-64 server CPU since 2013),
+//   blocked for 16 vector registers (tiles of at most 4 query heads, logits two heads x four rows
+//   at a time). Needs head_dim % 8 == 0.
 //
-// Both compute softmax(q . k / sqrt(d)) v with the row maximum subtracted; they differ only in
+// All compute softmax(q . k / sqrt(d)) v with the row maximum subtracted; they differ only in
 // the order of float sums (within 2e-5 of a float64 reference; tests/test_decode_attention.cpp).
-// The choice can be pinned with `cpu::scoped_simd` / `cpu::force_simd` (tests, benchmarks) or
-// KVSIFT_SIMD=portable in the environment, read once.
+// The best path the CPU has is chosen; it can be pinned lower with `cpu::scoped_simd` /
+// `cpu::force_simd` (tests, benchmarks) or KVSIFT_SIMD=portable|avx2 in the environment, read
+// once.
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/cpu/math.hpp>
@@ -33,7 +37,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
     !defined(KVSIFT_PORTABLE_ONLY)
-#define KVSIFT_HAVE_AVX512_PATH 1
+#define KVSIFT_HAVE_X86_SIMD_PATH 1
 // GCC 12's AVX-512 wrappers start from a self-initialised "undefined" vector, which
 // -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -46,22 +50,34 @@
 #include <immintrin.h>
 #endif
 #define KVSIFT_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define KVSIFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
-#define KVSIFT_HAVE_AVX512_PATH 0
+#define KVSIFT_HAVE_X86_SIMD_PATH 0
 #endif
 
 namespace kvsift::cpu {
 
-enum class simd { portable, avx512 };
+// The decode attention paths, in order: a CPU that runs one runs every one before it.
+enum class simd { portable, avx2, avx512 };
 
-inline std::string_view simd_name(simd s) { return s == simd::avx512 ? "avx512" : "portable"; }
+inline std::string_view simd_name(simd s) {
+  switch (s) {
+    case simd::avx512: return "avx512";
+    case simd::avx2: return "avx2";
+    default: return "portable";
+  }
+}
 
-// What this CPU and build can run.
+// The best path this CPU and build can run.
 inline simd detected_simd() {
-#if KVSIFT_HAVE_AVX512_PATH
+#if KVSIFT_HAVE_X86_SIMD_PATH
   // every CPU with AVX-512F also has the FMA, AVX2 and F16C the kernels use
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has ? simd::avx512 : simd::portable;
+  static const simd best = __builtin_cpu_supports("avx512f") ? simd::avx512
+                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                   __builtin_cpu_supports("f16c")
+                               ? simd::avx2
+                               : simd::portable;
+  return best;
 #else
   return simd::portable;
 #endif
@@ -72,19 +88,21 @@ namespace detail {
 inline std::atomic<int>& simd_override() {
   static std::atomic<int> v{[] {
     const char* env = std::getenv("KVSIFT_SIMD");
-    return env != nullptr && std::string_view(env) == "portable" ? static_cast<int>(simd::portable)
-                                                                  : -1;
+    const std::string_view pin = env != nullptr ? env : "";
+    return pin == "portable" ? static_cast<int>(simd::portable)
+           : pin == "avx2"   ? static_cast<int>(simd::avx2)
+                             : -1;
   }()};
   return v;
 }
 }  // namespace detail
 
-// The path decode attention takes: the detected one unless pinned. Pinning a level the CPU lacks
-// falls back to portable.
+// The path decode attention takes: the detected one unless pinned lower. A pin above what the CPU
+// has runs the detected path.
 inline simd active_simd() {
   const int o = detail::simd_override().load(std::memory_order_relaxed);
-  if (o == static_cast<int>(simd::portable)) return simd::portable;
-  return detected_simd();
+  const simd best = detected_simd();
+  return o >= 0 && o < static_cast<int>(best) ? static_cast<simd>(o) : best;
 }
 // Pins the path (process-wide) / drops any pin, KVSIFT_SIMD's included.
 inline void force_simd(simd s) { detail::simd_override().store(static_cast<int>(s)); }
@@ -139,7 +157,29 @@ void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&&
   }
 }
 
-#if KVSIFT_HAVE_AVX512_PATH
+#if KVSIFT_HAVE_X86_SIMD_PATH
+// What both vector paths share (no ISA beyond x86-64's SSE: inlined into either).
+constexpr int kPrefetchRows = 16;
+
+template <Element T>
+inline void prefetch_row(const T* p, int d) {
+  const char* b = reinterpret_cast<const char*>(p);
+  const int bytes = d * static_cast<int>(sizeof(T));
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + o, _MM_HINT_T0);
+}
+
+// f.operator()<GC>() for GC = min(gc, Max) (gc >= 1): a tile of GC query heads.
+template <int Max, class F>
+void with_heads(int gc, F&& f) {
+  if constexpr (Max > 1) {
+    if (gc < Max) {
+      with_heads<Max - 1>(gc, f);
+      return;
+    }
+  }
+  f.template operator()<Max>();
+}
+
 namespace avx512 {
 
 // 16 elements as floats: bf16 is the upper half of a binary32 (a shift), f16 converts exactly.
@@ -153,13 +193,6 @@ KVSIFT_TARGET_AVX512 inline __m512 load16(const T* p) {
   } else {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-}
-
-template <Element T>
-KVSIFT_TARGET_AVX512 inline void prefetch_row(const T* p, int d) {
-  const char* b = reinterpret_cast<const char*>(p);
-  const int bytes = d * static_cast<int>(sizeof(T));
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + o, _MM_HINT_T0);
 }
 
 // [sum(a), sum(b), sum(c), sum(d)]. (The maskz forms with a full mask are the plain
@@ -194,8 +227,6 @@ KVSIFT_TARGET_AVX512 inline __m512 exp_nonpositive16(__m512 x) {
       _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
-
-constexpr int kPrefetchRows = 16;
 
 // logits[g * ld + j + r] = scale * q_g . k[r] for four rows k[0..3] and GC <= 4 query heads:
 // 4 x GC independent accumulator chains (a row's 16-lane blocks are a chain of d / 16 dependent
@@ -338,20 +369,6 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
   }
 }
 
-template <class F>
-void with_heads(int gc, F&& f) {
-  switch (gc) {
-    case 1: f.template operator()<1>(); break;
-    case 2: f.template operator()<2>(); break;
-    case 3: f.template operator()<3>(); break;
-    case 4: f.template operator()<4>(); break;
-    case 5: f.template operator()<5>(); break;
-    case 6: f.template operator()<6>(); break;
-    case 7: f.template operator()<7>(); break;
-    default: f.template operator()<8>(); break;
-  }
-}
-
 template <Element T, class KeyAt, class ValueAt>
 void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, ValueAt& value_at,
                   float* out, float scale, std::vector<float>& logits) {
@@ -370,7 +387,7 @@ void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, V
   logits.resize(static_cast<std::size_t>(G) * m);
   float* lg = logits.data();
   for (int g0 = 0; g0 < G; g0 += 8) {
-    with_heads(std::min(8, G - g0), [&]<int GC>() {
+    with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
       logits_block<GC, T>(qg + g0 * d, d, m, key, scale, lg + g0 * m, m);
     });
   }
@@ -378,13 +395,231 @@ void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, V
   inv.resize(static_cast<std::size_t>(G));
   for (int g = 0; g < G; ++g) inv[g] = 1.0f / exp_row(lg + g * m, m);
   for (int g0 = 0; g0 < G; g0 += 8) {
-    with_heads(std::min(8, G - g0), [&]<int GC>() {
+    with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
       accumulate_heads<GC, T>(lg + g0 * m, m, inv.data() + g0, d, m, value, out + g0 * d);
     });
   }
 }
 
 }  // namespace avx512
+
+namespace avx2 {
+
+// 8 elements as floats: bf16 is the upper half of a binary32 (a shift), f16 converts exactly.
+template <Element T>
+KVSIFT_TARGET_AVX2 inline __m256 load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+
+// [sum(a), sum(b), sum(c), sum(d)]: three horizontal adds leave [a0-3 b0-3 c0-3 d0-3 | a4-7 ...].
+KVSIFT_TARGET_AVX2 inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+KVSIFT_TARGET_AVX2 inline float hmax8(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+KVSIFT_TARGET_AVX2 inline float hsum8(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// exp_nonpositive (cpu/math.hpp) on 8 lanes.
+KVSIFT_TARGET_AVX2 inline __m256 exp_nonpositive8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f),
+                                   _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// logits[g * ld + j + r] = scale * q_g . k[r] for four rows k[0..3] and GC <= 2 query heads:
+// 4 x GC accumulator chains, the four rows of a head reduced together (13 of the 16 registers).
+template <int GC, Element T>
+KVSIFT_TARGET_AVX2 inline void logits_quad(const float* q, int d, const T* const* k, float scale,
+                                           float* logits, std::size_t ld, std::size_t j) {
+  static_assert(GC >= 1 && GC <= 2);
+  __m256 acc[GC][4];
+  for (int g = 0; g < GC; ++g) {
+    for (int r = 0; r < 4; ++r) acc[g][r] = _mm256_setzero_ps();
+  }
+  for (int b = 0; b < d / 8; ++b) {
+    __m256 kv[4];
+    for (int r = 0; r < 4; ++r) kv[r] = load8(k[r] + 8 * b);
+    for (int g = 0; g < GC; ++g) {
+      const __m256 qv = _mm256_loadu_ps(q + g * d + 8 * b);
+      for (int r = 0; r < 4; ++r) acc[g][r] = _mm256_fmadd_ps(qv, kv[r], acc[g][r]);
+    }
+  }
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int g = 0; g < GC; ++g) {
+    _mm_storeu_ps(logits + g * ld + j,
+                  _mm_mul_ps(hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), sc));
+  }
+}
+
+// logits[g * ld + j] = scale * q_g . key(j) for GC <= 4 query heads: rows in fours, two heads at
+// a time (the second pair finds the four rows in L1), the last m % 4 rows one by one.
+template <int GC, Element T, class KeyAt>
+KVSIFT_TARGET_AVX2 void logits_block(const float* q, int d, std::size_t m, KeyAt& key,
+                                     float scale, float* logits, std::size_t ld) {
+  static_assert(GC >= 1 && GC <= 4);
+  std::size_t j = 0;
+  for (; j + 4 <= m; j += 4) {
+    for (std::size_t p = j + kPrefetchRows; p < std::min(m, j + kPrefetchRows + 4); ++p) {
+      prefetch_row(key(p), d);
+    }
+    const T* k[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
+    logits_quad<(GC < 2 ? GC : 2), T>(q, d, k, scale, logits, ld, j);
+    if constexpr (GC > 2) logits_quad<GC - 2, T>(q + 2 * d, d, k, scale, logits + 2 * ld, ld, j);
+  }
+  for (; j < m; ++j) {
+    const T* k = key(j);
+    __m256 acc[4];
+    for (int g = 0; g < 4; ++g) acc[g] = _mm256_setzero_ps();
+    for (int b = 0; b < d / 8; ++b) {
+      const __m256 kv = load8(k + 8 * b);
+      for (int g = 0; g < GC; ++g) {
+        acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + 8 * b), kv, acc[g]);
+      }
+    }
+    alignas(16) float s[4];
+    _mm_store_ps(s, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
+    for (int g = 0; g < GC; ++g) logits[g * ld + j] = s[g];
+  }
+}
+
+// x[j] = exp(x[j] - max x) over one row; returns the sum (the normaliser, applied at the end).
+KVSIFT_TARGET_AVX2 inline float exp_row(float* x, std::size_t m) {
+  std::size_t j = 0;
+  __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (; j + 8 <= m; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + j));
+  float top = hmax8(mx);
+  for (; j < m; ++j) top = std::max(top, x[j]);
+  const __m256 t = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  j = 0;
+  for (; j + 8 <= m; j += 8) {
+    const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(x + j), t));
+    _mm256_storeu_ps(x + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float tail = 0.0f;
+  for (; j < m; ++j) tail += (x[j] = exp_nonpositive(x[j] - top));
+  return hsum8(sum) + tail;
+}
+
+// out[g, c0 .. c0 + 8 CT) (+)= sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads,
+// GC x CT accumulators and GC broadcast weights in registers across the rows; `first` starts
+// from zero instead of `out`. The first tile (c0 == 0) prefetches whole rows ahead.
+template <int GC, int CT, Element T, class ValueAt>
+KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
+                                         std::size_t j0, std::size_t j1, std::size_t m,
+                                         ValueAt& value, float* out, bool first) {
+  static_assert(GC * CT + GC + 1 <= 16);
+  __m256 acc[GC][CT];
+  for (int g = 0; g < GC; ++g) {
+    for (int t = 0; t < CT; ++t) {
+      acc[g][t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + g * d + c0 + 8 * t);
+    }
+  }
+  for (std::size_t j = j0; j < j1; ++j) {
+    if (c0 == 0 && j + kPrefetchRows < m) prefetch_row(value(j + kPrefetchRows), d);
+    const T* v = value(j) + c0;
+    __m256 wg[GC];
+    for (int g = 0; g < GC; ++g) wg[g] = _mm256_broadcast_ss(w + g * ld + j);
+    for (int t = 0; t < CT; ++t) {
+      const __m256 vv = load8(v + 8 * t);
+      for (int g = 0; g < GC; ++g) acc[g][t] = _mm256_fmadd_ps(wg[g], vv, acc[g][t]);
+    }
+  }
+  for (int g = 0; g < GC; ++g) {
+    for (int t = 0; t < CT; ++t) _mm256_storeu_ps(out + g * d + c0 + 8 * t, acc[g][t]);
+  }
+}
+
+// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC <= 4 heads: channel tiles of as many
+// 8-lane blocks as the registers hold, rows in blocks of kRowBlock with every tile of a block
+// before the next block, so a V row comes from memory once (the later tiles find it in L1).
+template <int GC, Element T, class ValueAt>
+KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
+                                         std::size_t m, ValueAt& value, float* out) {
+  constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 4 : 2;
+  constexpr std::size_t kRowBlock = 32;
+  for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
+    const std::size_t j1 = std::min(m, j0 + kRowBlock);
+    const bool first = j0 == 0;
+    int c0 = 0;
+    for (; c0 + 8 * kTile <= d; c0 += 8 * kTile) {
+      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, m, value, out, first);
+    }
+    for (; c0 < d; c0 += 8) {
+      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, m, value, out, first);
+    }
+  }
+  for (int g = 0; g < GC; ++g) {
+    const __m256 s = _mm256_set1_ps(inv[g]);
+    for (int c = 0; c < d; c += 8) {
+      _mm256_storeu_ps(out + g * d + c, _mm256_mul_ps(_mm256_loadu_ps(out + g * d + c), s));
+    }
+  }
+}
+
+template <Element T, class KeyAt, class ValueAt>
+void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, ValueAt& value_at,
+                  float* out, float scale, std::vector<float>& logits) {
+  thread_local std::vector<const T*> rows;  // row addresses once (see avx512::attend_group)
+  rows.resize(2 * m);
+  const T** krow = rows.data();
+  const T** vrow = rows.data() + m;
+  for (std::size_t j = 0; j < m; ++j) {
+    krow[j] = key_at(j);
+    vrow[j] = value_at(j);
+  }
+  auto key = [krow](std::size_t j) { return krow[j]; };
+  auto value = [vrow](std::size_t j) { return vrow[j]; };
+  logits.resize(static_cast<std::size_t>(G) * m);
+  float* lg = logits.data();
+  for (int g0 = 0; g0 < G; g0 += 4) {
+    with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
+      logits_block<GC, T>(qg + g0 * d, d, m, key, scale, lg + g0 * m, m);
+    });
+  }
+  thread_local std::vector<float> inv;
+  inv.resize(static_cast<std::size_t>(G));
+  for (int g = 0; g < G; ++g) inv[g] = 1.0f / exp_row(lg + g * m, m);
+  for (int g0 = 0; g0 < G; g0 += 4) {
+    with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
+      accumulate_heads<GC, T>(lg + g0 * m, m, inv.data() + g0, d, m, value, out + g0 * d);
+    });
+  }
+}
+
+}  // namespace avx2
 #endif
 
 }  // namespace detail
@@ -399,9 +634,13 @@ void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt&& key, Val
     std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
     return;
   }
-#if KVSIFT_HAVE_AVX512_PATH
+#if KVSIFT_HAVE_X86_SIMD_PATH
   if (d % 16 == 0 && active_simd() == simd::avx512) {
     detail::avx512::attend_group<T>(qg, G, d, m, key, value, out, scale, logits);
+    return;
+  }
+  if (d % 8 == 0 && active_simd() >= simd::avx2) {
+    detail::avx2::attend_group<T>(qg, G, d, m, key, value, out, scale, logits);
     return;
   }
 #endif
