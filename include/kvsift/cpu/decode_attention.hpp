@@ -313,22 +313,22 @@ KVSIFT_TARGET_AVX512 inline float exp_row(float* x, std::size_t m) {
   return _mm512_reduce_add_ps(sum);
 }
 
-// out[g, c0 .. c0 + 16 CT) (+)= sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads,
-// the accumulators in registers across the rows; `first` starts from zero instead of `out`.
-// The first tile (c0 == 0) prefetches whole rows ahead, for the tiles after it.
+// out[g, c0 .. c0 + 16 CT) += sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads
+// and j0 < j1, the accumulators in registers across the rows: a row loop that runs at least once,
+// with no branch in it (the caller prefetches), over accumulators that start from `out` (the
+// caller zeroes it); otherwise GCC 12 stores every accumulator on every row (avx2::
+// accumulate_block, the same kernel, was measured both ways).
 template <int GC, int CT, Element T, class ValueAt>
 KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
-                                           std::size_t j0, std::size_t j1, std::size_t m,
-                                           ValueAt& value, float* out, bool first) {
+                                           std::size_t j0, std::size_t j1, ValueAt& value,
+                                           float* out) {
   static_assert(GC * CT <= 16);
   __m512 acc[GC][CT];
   for (int g = 0; g < GC; ++g) {
-    for (int t = 0; t < CT; ++t) {
-      acc[g][t] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + g * d + c0 + 16 * t);
-    }
+    for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_loadu_ps(out + g * d + c0 + 16 * t);
   }
-  for (std::size_t j = j0; j < j1; ++j) {
-    if (c0 == 0 && j + kPrefetchRows < m) prefetch_row(value(j + kPrefetchRows), d);
+  std::size_t j = j0;
+  do {
     const T* v = value(j) + c0;
     __m512 vv[CT];
     for (int t = 0; t < CT; ++t) vv[t] = load16(v + 16 * t);
@@ -336,7 +336,7 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
       const __m512 wg = _mm512_set1_ps(w[g * ld + j]);
       for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_fmadd_ps(wg, vv[t], acc[g][t]);
     }
-  }
+  } while (++j < j1);
   for (int g = 0; g < GC; ++g) {
     for (int t = 0; t < CT; ++t) _mm512_storeu_ps(out + g * d + c0 + 16 * t, acc[g][t]);
   }
@@ -344,21 +344,24 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
 
 // out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads. Channel tiles of as many
 // 16-lane blocks as fit 16 accumulators; rows in blocks of kRowBlock, every tile of a block
-// before the next block, so a V row comes from memory once (the later tiles find it in L1).
+// before the next block, so a V row comes from memory once (the later tiles find it in L1); the
+// next block's rows are prefetched before a block starts.
 template <int GC, Element T, class ValueAt>
 KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
                                            std::size_t m, ValueAt& value, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 8 : GC <= 4 ? 4 : 2;
-  constexpr std::size_t kRowBlock = 32;
+  constexpr std::size_t kRowBlock = 16;
+  std::fill(out, out + static_cast<std::size_t>(GC) * d, 0.0f);
+  for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
-    const bool first = j0 == 0;
+    for (std::size_t j = j1; j < std::min(m, j1 + kRowBlock); ++j) prefetch_row(value(j), d);
     int c0 = 0;
     for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
-      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, m, value, out, first);
+      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, value, out);
     }
     for (; c0 < d; c0 += 16) {
-      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, m, value, out, first);
+      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, value, out);
     }
   }
   for (int g = 0; g < GC; ++g) {
@@ -533,22 +536,24 @@ KVSIFT_TARGET_AVX2 inline float exp_row(float* x, std::size_t m) {
   return hsum8(sum) + tail;
 }
 
-// out[g, c0 .. c0 + 8 CT) (+)= sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads,
-// GC x CT accumulators and GC broadcast weights in registers across the rows; `first` starts
-// from zero instead of `out`. The first tile (c0 == 0) prefetches whole rows ahead.
+// out[g, c0 .. c0 + 8 CT) += sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads and
+// j0 < j1, GC x CT accumulators and GC broadcast weights in registers across the rows. Written so
+// that GCC 12 keeps the accumulators in registers (checked in the object code): a row loop that
+// runs at least once, with no branch in it (the caller prefetches), over accumulators that start
+// from `out` (the caller zeroes it); otherwise it stores every accumulator on every row.
 template <int GC, int CT, Element T, class ValueAt>
 KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
-                                         std::size_t j0, std::size_t j1, std::size_t m,
-                                         ValueAt& value, float* out, bool first) {
+                                         std::size_t j0, std::size_t j1, ValueAt& value,
+                                         float* out) {
   static_assert(GC * CT + GC + 1 <= 16);
   __m256 acc[GC][CT];
   for (int g = 0; g < GC; ++g) {
     for (int t = 0; t < CT; ++t) {
-      acc[g][t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + g * d + c0 + 8 * t);
+      acc[g][t] = _mm256_loadu_ps(out + g * d + c0 + 8 * t);
     }
   }
-  for (std::size_t j = j0; j < j1; ++j) {
-    if (c0 == 0 && j + kPrefetchRows < m) prefetch_row(value(j + kPrefetchRows), d);
+  std::size_t j = j0;
+  do {  // j0 < j1: with a loop that may run zero times GCC 12 keeps acc in memory
     const T* v = value(j) + c0;
     __m256 wg[GC];
     for (int g = 0; g < GC; ++g) wg[g] = _mm256_broadcast_ss(w + g * ld + j);
@@ -556,7 +561,7 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
       const __m256 vv = load8(v + 8 * t);
       for (int g = 0; g < GC; ++g) acc[g][t] = _mm256_fmadd_ps(wg[g], vv, acc[g][t]);
     }
-  }
+  } while (++j < j1);
   for (int g = 0; g < GC; ++g) {
     for (int t = 0; t < CT; ++t) _mm256_storeu_ps(out + g * d + c0 + 8 * t, acc[g][t]);
   }
@@ -564,21 +569,24 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
 
 // out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC <= 4 heads: channel tiles of as many
 // 8-lane blocks as the registers hold, rows in blocks of kRowBlock with every tile of a block
-// before the next block, so a V row comes from memory once (the later tiles find it in L1).
+// before the next block, so a V row comes from memory once (the later tiles find it in L1); the
+// next block's rows are prefetched before a block starts.
 template <int GC, Element T, class ValueAt>
 KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
                                          std::size_t m, ValueAt& value, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 4 : 2;
-  constexpr std::size_t kRowBlock = 32;
+  constexpr std::size_t kRowBlock = 16;
+  std::fill(out, out + static_cast<std::size_t>(GC) * d, 0.0f);
+  for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
-    const bool first = j0 == 0;
+    for (std::size_t j = j1; j < std::min(m, j1 + kRowBlock); ++j) prefetch_row(value(j), d);
     int c0 = 0;
     for (; c0 + 8 * kTile <= d; c0 += 8 * kTile) {
-      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, m, value, out, first);
+      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, value, out);
     }
     for (; c0 < d; c0 += 8) {
-      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, m, value, out, first);
+      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, value, out);
     }
   }
   for (int g = 0; g < GC; ++g) {
