@@ -516,16 +516,20 @@ KVSIFT_TARGET_AVX2 void logits_block(const float* q, int d, std::size_t m, KeyAt
   }
 }
 
-// x[j] = exp(x[j] - max x) over one row; returns the sum (the normaliser, applied at the end).
-KVSIFT_TARGET_AVX2 inline float exp_row(float* x, std::size_t m) {
+KVSIFT_TARGET_AVX2 inline float row_max(const float* x, std::size_t m) {
   std::size_t j = 0;
   __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (; j + 8 <= m; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + j));
   float top = hmax8(mx);
   for (; j < m; ++j) top = std::max(top, x[j]);
+  return top;
+}
+
+// x[j] = exp(x[j] - top) over one row (top >= every x[j]); returns the sum.
+KVSIFT_TARGET_AVX2 inline float exp_row(float* x, std::size_t m, float top) {
   const __m256 t = _mm256_set1_ps(top);
   __m256 sum = _mm256_setzero_ps();
-  j = 0;
+  std::size_t j = 0;
   for (; j + 8 <= m; j += 8) {
     const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(x + j), t));
     _mm256_storeu_ps(x + j, e);
@@ -567,16 +571,16 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
   }
 }
 
-// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC <= 4 heads: channel tiles of as many
-// 8-lane blocks as the registers hold, rows in blocks of kRowBlock with every tile of a block
-// before the next block, so a V row comes from memory once (the later tiles find it in L1); the
-// next block's rows are prefetched before a block starts.
-template <int GC, Element T, class ValueAt>
-KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
-                                         std::size_t m, ValueAt& value, float* out) {
+// out[g, :] += sum_j w[g * ld + j] value(j) for GC <= 4 heads and m > 0 rows: channel tiles of
+// as many 8-lane blocks as the registers hold, rows in blocks of kRowBlock with every tile of a
+// block before the next block, so a V row comes from memory once (the later tiles find it in
+// L1); the next block's rows are prefetched before a block starts.
+template <int GC, Element T>
+KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, int d, std::size_t m,
+                                         const T* const* vrow, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 4 : 2;
   constexpr std::size_t kRowBlock = 16;
-  std::fill(out, out + static_cast<std::size_t>(GC) * d, 0.0f);
+  auto value = [vrow](std::size_t j) { return vrow[j]; };
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
@@ -589,13 +593,22 @@ KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, const f
       accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, value, out);
     }
   }
-  for (int g = 0; g < GC; ++g) {
-    const __m256 s = _mm256_set1_ps(inv[g]);
+}
+
+// out[g, :] *= s[g] for GC heads.
+KVSIFT_TARGET_AVX2 inline void scale_rows(float* out, int G, int d, const float* s) {
+  for (int g = 0; g < G; ++g) {
+    const __m256 sg = _mm256_set1_ps(s[g]);
     for (int c = 0; c < d; c += 8) {
-      _mm256_storeu_ps(out + g * d + c, _mm256_mul_ps(_mm256_loadu_ps(out + g * d + c), s));
+      _mm256_storeu_ps(out + g * d + c, _mm256_mul_ps(_mm256_loadu_ps(out + g * d + c), sg));
     }
   }
 }
+
+// Rows in chunks of kChunk (online softmax, as FlashDecoding splits a sequence): a chunk's logits
+// (G x kChunk floats) stay in L2 between the logits, exp and accumulate passes however long the
+// sequence; each chunk rescales what the earlier ones accumulated by exp(old max - new max).
+constexpr std::size_t kChunk = 2048;
 
 template <Element T, class KeyAt, class ValueAt>
 void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, ValueAt& value_at,
@@ -608,23 +621,46 @@ void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, V
     krow[j] = key_at(j);
     vrow[j] = value_at(j);
   }
-  auto key = [krow](std::size_t j) { return krow[j]; };
-  auto value = [vrow](std::size_t j) { return vrow[j]; };
-  logits.resize(static_cast<std::size_t>(G) * m);
+  const std::size_t chunk = std::min(m, kChunk);
+  logits.resize(static_cast<std::size_t>(G) * chunk);
   float* lg = logits.data();
-  for (int g0 = 0; g0 < G; g0 += 4) {
-    with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
-      logits_block<GC, T>(qg + g0 * d, d, m, key, scale, lg + g0 * m, m);
-    });
+  thread_local std::vector<float> state;  // per head: running max, running sum, rescale factor
+  state.resize(3 * static_cast<std::size_t>(G));
+  float* run_max = state.data();
+  float* run_sum = run_max + G;
+  float* factor = run_sum + G;
+  std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
+  for (std::size_t c0 = 0; c0 < m; c0 += chunk) {
+    const std::size_t n = std::min(chunk, m - c0);
+    const T* const* kc = krow + c0;
+    auto key = [kc](std::size_t j) { return kc[j]; };
+    for (int g0 = 0; g0 < G; g0 += 4) {
+      with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
+        logits_block<GC, T>(qg + g0 * d, d, n, key, scale, lg + g0 * n, n);
+      });
+    }
+    for (int g = 0; g < G; ++g) {
+      const float top = row_max(lg + g * n, n);
+      if (c0 == 0) {
+        run_max[g] = top;
+        run_sum[g] = exp_row(lg + g * n, n, top);
+        factor[g] = 1.0f;
+      } else {
+        const float next = std::max(run_max[g], top);
+        factor[g] = exp_nonpositive(run_max[g] - next);
+        run_sum[g] = run_sum[g] * factor[g] + exp_row(lg + g * n, n, next);
+        run_max[g] = next;
+      }
+    }
+    if (c0 > 0) scale_rows(out, G, d, factor);
+    for (int g0 = 0; g0 < G; g0 += 4) {
+      with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
+        accumulate_heads<GC, T>(lg + g0 * n, n, d, n, vrow + c0, out + g0 * d);
+      });
+    }
   }
-  thread_local std::vector<float> inv;
-  inv.resize(static_cast<std::size_t>(G));
-  for (int g = 0; g < G; ++g) inv[g] = 1.0f / exp_row(lg + g * m, m);
-  for (int g0 = 0; g0 < G; g0 += 4) {
-    with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
-      accumulate_heads<GC, T>(lg + g0 * m, m, inv.data() + g0, d, m, value, out + g0 * d);
-    });
-  }
+  for (int g = 0; g < G; ++g) factor[g] = 1.0f / run_sum[g];
+  scale_rows(out, G, d, factor);
 }
 
 }  // namespace avx2
