@@ -82,20 +82,31 @@ struct cumulative_attention {
     const model_shape& sh = store.shape();
     const int G = sh.group_size();
     const int d = sh.head_dim;
+    // The map's entries first (an insertion is not thread-safe), then the KV heads in parallel:
+    // each head adds to its own running scores only, in the same order as one thread would.
+    observed_.resize(static_cast<std::size_t>(sh.kv_heads));
     for (int h = 0; h < sh.kv_heads; ++h) {
       const auto seq = sh.sequence(request, layer, h);
       auto& run = running_[seq];
       run.resize(static_cast<std::size_t>(store.length(seq)), 0.0f);
+      observed_[h] = &run;
+    }
+    const std::int64_t work = static_cast<std::int64_t>(plan.size(first_segment)) * G * d;
+    cpu::parallel_for(sh.kv_heads, [&](std::int64_t h64) {
+      const int h = static_cast<int>(h64);
+      const auto seq = sh.sequence(request, layer, h);
+      auto& run = *observed_[h];
       const auto slots = plan[first_segment + h];
-      std::vector<float> rows(static_cast<std::size_t>(G) * slots.size());
+      thread_local std::vector<float> rows, reduced;  // scratch: nothing allocated once warm
+      rows.resize(static_cast<std::size_t>(G) * slots.size());
+      reduced.resize(slots.size());
       for (int g = 0; g < G; ++g) {
         cpu::attention_row_over(store, seq, q + static_cast<std::size_t>(h * G + g) * d, slots,
                                 std::span<float>(rows.data() + g * slots.size(), slots.size()));
       }
-      std::vector<float> reduced(slots.size());
       cpu::reduce_group(rows, G, reduced, p.gqa);
       for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
-    }
+    }, cpu::par, work);
   }
 
   // The store kept `kept[h]` of each head: keep the matching running scores.
@@ -126,6 +137,7 @@ struct cumulative_attention {
 
  private:
   std::unordered_map<std::int64_t, std::vector<float>> running_;  // per head-sequence, per slot
+  std::vector<std::vector<float>*> observed_;  // scratch of observe: each KV head's running scores
 };
 static_assert(Scorer<cumulative_attention>);
 
