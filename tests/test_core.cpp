@@ -377,3 +377,31 @@ TEST_CASE("model_shape: sequence numbering and validation", "[core][shape]") {
   bad.q_heads = 7;
   REQUIRE_THROWS_WITH(bad.validate("t"), Catch::Matchers::ContainsSubstring("shape.q_heads"));
 }
+
+// cpu::topk_of keeps the k best by (score descending, index ascending), ascending; it finds the
+// dropped ones instead when fewer are dropped than kept. Both regimes against a full sort, with
+// many ties, over ascending candidate subsets, for every k from -1 to n + 1.
+TEST_CASE("cpu::topk_of equals a full sort in both regimes, ties to the lower index", "[core][topk]") {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int range = 1 + static_cast<int>(rng() % 200);
+    std::vector<float> scores(static_cast<std::size_t>(range));
+    for (float& x : scores) x = static_cast<float>(rng() % 7) - 3.0f;  // many ties
+    std::vector<std::int32_t> cand;
+    for (int i = 0; i < range; ++i) {
+      if (trial % 2 == 0 || rng() % 3 != 0) cand.push_back(i);
+    }
+    const int n = static_cast<int>(cand.size());
+    for (int k = -1; k <= n + 1; ++k) {
+      auto expect = cand;
+      std::stable_sort(expect.begin(), expect.end(), [&](std::int32_t a, std::int32_t b) {
+        return scores[a] > scores[b];  // stable over ascending indices: ties to the lower index
+      });
+      expect.resize(static_cast<std::size_t>(std::clamp(k, 0, n)));
+      std::sort(expect.begin(), expect.end());
+      std::vector<std::int32_t> got{99};  // overwritten, not appended to
+      kvsift::cpu::topk_of(scores, cand, k, got);
+      REQUIRE(got == expect);
+    }
+  }
+}
