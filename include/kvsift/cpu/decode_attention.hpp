@@ -38,6 +38,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
     !defined(KVSIFT_PORTABLE_ONLY)
 #define KVSIFT_HAVE_X86_SIMD_PATH 1
+#include <cpuid.h>
 // GCC 12's AVX-512 wrappers start from a self-initialised "undefined" vector, which
 // -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -71,12 +72,16 @@ inline std::string_view simd_name(simd s) {
 // The best path this CPU and build can run.
 inline simd detected_simd() {
 #if KVSIFT_HAVE_X86_SIMD_PATH
-  // every CPU with AVX-512F also has the FMA, AVX2 and F16C the kernels use
-  static const simd best = __builtin_cpu_supports("avx512f") ? simd::avx512
-                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                                   __builtin_cpu_supports("f16c")
-                               ? simd::avx2
-                               : simd::portable;
+  // Every CPU with AVX-512F also has the FMA, AVX2 and F16C the kernels use. F16C is read from
+  // CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+  static const simd best = [] {
+    if (__builtin_cpu_supports("avx512f")) return simd::avx512;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c
+               ? simd::avx2
+               : simd::portable;
+  }();
   return best;
 #else
   return simd::portable;
