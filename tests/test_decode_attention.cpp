@@ -4,7 +4,7 @@
 // other; attend_plan over a store gives the same output on every path. Shapes cover the kernels'
 // blocking: G from 1 to 12 (chunks of 8 or 4 heads, tiles of 1-4 heads), head_dim multiples of
 // 16, of 8 only (AVX-512 falls to AVX2) and of neither (portable fallback), row counts around
-// the lane and prefetch boundaries.
+// the lane and prefetch boundaries and across the AVX2 path's 2048-row chunks.
 
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/cpu/decode_attention.hpp>
@@ -123,10 +123,12 @@ void check_vector_path(cpu::simd level) {
     SKIP("this CPU has no " << cpu::simd_name(level) << " (that path cannot run here)");
   }
   const int G = GENERATE(1, 2, 3, 4, 5, 8, 12);
-  const int d = GENERATE(8, 16, 40, 64, 80, 128, 256);
-  // 4500: three chunks of the AVX2 path's online softmax (2048, 2048, 404 rows)
+  const int d = GENERATE(8, 12, 16, 20, 40, 64, 80, 128, 256);  // 12, 20: not multiples of 8
+  // 2049, 4099, 4500: several chunks of the AVX2 path's online softmax (a last chunk of one row,
+  // of three, of 404)
   const std::size_t m = GENERATE(std::size_t{1}, std::size_t{5}, std::size_t{16}, std::size_t{17},
-                                 std::size_t{100}, std::size_t{1000}, std::size_t{4500});
+                                 std::size_t{100}, std::size_t{1000}, std::size_t{2049},
+                                 std::size_t{4099}, std::size_t{4500});
   const group_case<T> c(G, d, m, static_cast<unsigned>(G * 1000 + d * 10 + m));
   const std::string where = std::string(cpu::simd_name(level)) + " G=" + std::to_string(G) +
                             " d=" + std::to_string(d) + " m=" + std::to_string(m);
@@ -214,6 +216,13 @@ TEMPLATE_TEST_CASE("attend_plan gives the same output on both paths, ragged plan
   {
     const pin p(cpu::simd::portable);
     kvsift::attention::attend_plan(store, 0, 0, q.data(), plan, a.data());
+  }
+  for (const cpu::simd level : {cpu::simd::avx2, cpu::simd::avx512}) {  // each vector path here
+    if (level > cpu::detected_simd()) continue;
+    const pin p(level);
+    std::vector<float> c(q.size());
+    kvsift::attention::attend_plan(store, 0, 0, q.data(), plan, c.data());
+    require_close(c, a, 2e-5, "attend_plan " + std::string(cpu::simd_name(level)));
   }
   {
     const pin p(cpu::detected_simd());

@@ -146,3 +146,59 @@ TEST_CASE("threading: SnapKV's plans and outputs are the same on the caller's th
   }
   CHECK(pool.loops > 0);  // the method's loops went to the engine's pool
 }
+
+// H2O's observe runs its KV heads through parallel_for: the running scores and the plans after
+// several steps are the same bits on the caller's thread, an executor and the default pool.
+TEST_CASE("threading: H2O's running scores and plans are the same on the caller's thread, an "
+          "executor and the default pool", "[threading]") {
+  const kvsift::model_shape sh{.layers = 1, .q_heads = 8, .kv_heads = 4, .head_dim = 64};
+  const int n = 384, steps = 6;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> k(static_cast<std::size_t>(n + steps) * sh.kv_heads * sh.head_dim);
+  std::vector<float> v(k.size());
+  std::vector<float> q(static_cast<std::size_t>(n + steps) * sh.q_heads * sh.head_dim);
+  for (auto* a : {&k, &v, &q})
+    for (auto& x : *a) x = nd(rng);
+  using view = kvsift::kv_view<const float, kvsift::nhd>;
+  using store_t = kvsift::store::dense<float>;
+  auto run = [&] {
+    store_t st(sh, 1, n + steps);
+    kvsift::h2o<store_t> m(st, kvsift::h2o_params<store_t>(96));
+    m.prefill(0, kvsift::prefill_chunk<float>{
+                     .request = 0,
+                     .keys = view::contiguous(k.data(), n, sh.kv_heads, sh.head_dim),
+                     .values = view::contiguous(v.data(), n, sh.kv_heads, sh.head_dim),
+                     .queries = view::contiguous(q.data(), n, sh.q_heads, sh.head_dim),
+                     .first_position = 0,
+                     .last = true});
+    std::vector<std::int32_t> plans;
+    std::vector<float> scores;
+    for (int t = n; t < n + steps; ++t) {
+      const kvsift::decode_token<float> tok{
+          0, q.data() + static_cast<std::size_t>(t) * sh.q_heads * sh.head_dim,
+          k.data() + static_cast<std::size_t>(t) * sh.kv_heads * sh.head_dim,
+          v.data() + static_cast<std::size_t>(t) * sh.kv_heads * sh.head_dim};
+      const auto& plan = m.decode(0, tok).positions;
+      plans.insert(plans.end(), plan.values.begin(), plan.values.end());
+      m.after_attention(0, tok);
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto run_h = m.scorer_state().running(sh.sequence(0, 0, h));
+        scores.insert(scores.end(), run_h.begin(), run_h.end());
+      }
+    }
+    return std::make_pair(plans, scores);
+  };
+  const auto base = run();
+  REQUIRE_FALSE(base.second.empty());
+  {
+    kvsift::cpu::scoped_threading serial(kvsift::cpu::threading::caller);
+    CHECK(run() == base);
+  }
+  two_thread_executor pool;
+  {
+    kvsift::cpu::scoped_threading on_pool(pool);
+    CHECK(run() == base);
+  }
+  CHECK(pool.loops > 0);
+}

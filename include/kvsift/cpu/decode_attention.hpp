@@ -14,8 +14,10 @@
 //   blocked for 16 vector registers (tiles of at most 4 query heads, logits two heads x four rows
 //   at a time). Needs head_dim % 8 == 0.
 //
-// All compute softmax(q . k / sqrt(d)) v with the row maximum subtracted; they differ only in
-// the order of float sums (within 2e-5 of a float64 reference; tests/test_decode_attention.cpp).
+// All compute softmax(q . k / sqrt(d)) v with the row maximum subtracted (the AVX2 path a running
+// maximum over 2048-row chunks, rescaling what it accumulated as the maximum grows); they differ
+// in the order of float sums and in exp (a polynomial on the vector paths): each is within 2e-5
+// of a float64 reference (tests/test_decode_attention.cpp).
 // The best path the CPU has is chosen; it can be pinned lower with `cpu::scoped_simd` /
 // `cpu::force_simd` (tests, benchmarks) or KVSIFT_SIMD=portable|avx2 in the environment, read
 // once.
@@ -675,7 +677,7 @@ void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, V
 
 // out [G, d] = softmax(scale * qg . key(j)) . value(j) over j in [0, m) for the G query heads qg
 // [G, d] of one KV head; key(j) / value(j) return pointers to d elements of type T. m == 0 gives
-// zeros. `logits` is scratch (G * m floats).
+// zeros. `logits` is scratch (up to G * m floats).
 template <Element T, class KeyAt, class ValueAt>
 void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt&& key, ValueAt&& value,
                   float* out, float scale, std::vector<float>& logits) {
