@@ -15,6 +15,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
@@ -36,6 +37,13 @@ kc::device_buffer<T> upload(const std::vector<T>& h) {
   kc::check(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice),
             "bench upload");
   return d;
+}
+
+template <class T>
+std::vector<T> download(const kc::device_buffer<T>& d) {
+  std::vector<T> h(d.size());
+  kc::check(cudaMemcpy(h.data(), d.data(), d.bytes(), cudaMemcpyDeviceToHost), "bench download");
+  return h;
 }
 
 // Random contents (the memory system must not see zeros).
@@ -236,65 +244,152 @@ void bm_segmented_topk(benchmark::State& state) {
   share_of(state, "of_hbm", bytes, g_hbm_read);
 }
 
-// Sparse decode attention, Llama-3.1-8B layer: 8 KV heads, 32 query heads, d = 128, a dense NHD
-// cache of `context` tokens per request; each KV head keeps `kept` random tokens (sorted).
-// range: context, kept, batch, split (1: the plan form, 0: one block per head tile).
-template <class T>
-void bm_sparse_attention(benchmark::State& state) {
-  const i32 context = static_cast<i32>(state.range(0));
-  const i32 kept = static_cast<i32>(state.range(1));
-  const i32 batch = static_cast<i32>(state.range(2));
-  const bool split = state.range(3) != 0;
-  const i32 heads = 8, q_heads = 32, d = 128;
-  const std::size_t cache = std::size_t(batch) * context * heads * d;
-  kc::device_buffer<T> k(cache), v(cache), q(std::size_t(batch) * q_heads * d),
-      out(std::size_t(batch) * q_heads * d);
-  fill(k, 1);
-  fill(v, 2);
-  fill(q, 3);
-  std::vector<i32> lens(batch, context), off(batch * heads + 1), idx;
-  std::mt19937 rng(5);
-  std::vector<i32> all(context);
-  std::iota(all.begin(), all.end(), 0);
-  for (i32 s = 0; s < batch * heads; ++s) {
-    off[s] = static_cast<i32>(idx.size());
-    std::shuffle(all.begin(), all.end(), rng);
-    std::vector<i32> pick(all.begin(), all.begin() + kept);
-    std::sort(pick.begin(), pick.end());
-    idx.insert(idx.end(), pick.begin(), pick.end());
+// The top-k kernel at a given block size on the same segments (the library picks 256 or 1024 by
+// the average segment length, detail::topk_long_segment).
+template <int Block>
+void bm_topk_block(benchmark::State& state) {
+  const i32 n = static_cast<i32>(state.range(0));
+  const i32 segments = static_cast<i32>(state.range(1));
+  const i32 k = n / 10;
+  kc::device_buffer<float> d_scores(std::size_t(n) * segments);
+  fill(d_scores, 3);
+  std::vector<i32> off(segments + 1), out_off(segments + 1);
+  for (i32 s = 0; s <= segments; ++s) {
+    off[s] = s * n;
+    out_off[s] = s * k;
   }
-  off.back() = static_cast<i32>(idx.size());
-  auto d_lens = upload(lens);
   auto d_off = upload(off);
-  auto d_idx = upload(idx);
-  const auto view = kc::make_dense_nhd<T>(k.data(), v.data(), d_lens.data(), context, heads, d);
-  const kc::sparse_attention_shape shape{batch, q_heads, 0.0f};
-  const auto plan = kc::make_sparse_attention_plan(shape, heads, d, kept);
-  kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
-  const kc::token_set set{d_off.data(), d_idx.data()};
+  auto d_out_off = upload(out_off);
+  kc::device_buffer<i32> out(std::size_t(k) * segments), ref(out.size());
   kc::stream st;
   time_with_events(state, st.get(), [&] {
+    kc::detail::radix_topk_kernel<float, Block><<<segments, Block, 0, st.get()>>>(
+        d_scores.data(), d_off.data(), d_out_off.data(), segments, out.data());
+  });
+  const auto plan = kc::make_segmented_topk_plan(n * segments, segments, k * segments);
+  kc::segmented_topk(kc::par{st.get()}, plan, nullptr, 0, d_scores.data(), d_off.data(),
+                     d_out_off.data(), ref.data());
+  kc::check(cudaStreamSynchronize(st.get()), "bench topk check");
+  if (download(out) != download(ref)) {
+    state.SkipWithError("block-size variant differs from the library's top-k");
+  }
+  state.SetItemsProcessed(state.iterations() * std::int64_t{n} * segments);
+}
+
+// Sparse decode attention, Llama-3.1-8B layer: 8 KV heads, 32 query heads, d = 128, a dense NHD
+// cache of `context` tokens per request; each KV head keeps `kept` random tokens (sorted).
+template <class T>
+struct attention_case {
+  static constexpr i32 heads = 8, q_heads = 32, d = 128;
+  i32 context, kept, batch;
+  kc::device_buffer<T> k, v, q, out;
+  kc::device_buffer<i32> d_lens, d_off, d_idx;
+  kc::dense_kv<T> view;
+  kc::sparse_attention_shape shape;
+
+  attention_case(i32 context_, i32 kept_, i32 batch_)
+      : context(context_), kept(kept_), batch(batch_),
+        k(std::size_t(batch) * context * heads * d), v(k.size()),
+        q(std::size_t(batch) * q_heads * d), out(q.size()), shape{batch, q_heads, 0.0f} {
+    fill(k, 1);
+    fill(v, 2);
+    fill(q, 3);
+    std::vector<i32> lens(batch, context), off(batch * heads + 1), idx;
+    std::mt19937 rng(5);
+    std::vector<i32> all(context);
+    std::iota(all.begin(), all.end(), 0);
+    for (i32 s = 0; s < batch * heads; ++s) {
+      off[s] = static_cast<i32>(idx.size());
+      std::shuffle(all.begin(), all.end(), rng);
+      std::vector<i32> pick(all.begin(), all.begin() + kept);
+      std::sort(pick.begin(), pick.end());
+      idx.insert(idx.end(), pick.begin(), pick.end());
+    }
+    off.back() = static_cast<i32>(idx.size());
+    d_lens = upload(lens);
+    d_off = upload(off);
+    d_idx = upload(idx);
+    view = kc::make_dense_nhd<T>(k.data(), v.data(), d_lens.data(), context, heads, d);
+  }
+  [[nodiscard]] kc::token_set set() const { return {d_off.data(), d_idx.data()}; }
+  // what it must read: K and V rows of the kept tokens, once per KV head
+  [[nodiscard]] double bytes() const { return 2.0 * batch * heads * kept * d * sizeof(T); }
+  void report(benchmark::State& state) const {
+    state.SetBytesProcessed(state.iterations() * std::int64_t(bytes()));
+    state.SetItemsProcessed(state.iterations() * std::int64_t{batch} * heads * kept);
+    share_of(state, "of_hbm", bytes(), g_hbm_read);
+  }
+};
+
+// The library's attention. range: context, kept, batch, split (1: the plan form, 0: one block
+// per head tile). Beside it, the same rows read by rows_read_kernel: the access pattern's limit.
+template <class T>
+void bm_sparse_attention(benchmark::State& state) {
+  attention_case<T> c(static_cast<i32>(state.range(0)), static_cast<i32>(state.range(1)),
+                      static_cast<i32>(state.range(2)));
+  const bool split = state.range(3) != 0;
+  const auto plan = kc::make_sparse_attention_plan(c.shape, c.heads, c.d, c.kept);
+  kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
+  kc::stream st;
+  kc::prepare_sparse_attention_workspace(kc::par{st.get()}, plan, ws.data());
+  time_with_events(state, st.get(), [&] {
     if (split) {
-      kc::sparse_decode_attention(kc::par{st.get()}, plan, ws.data(), ws.size(), q.data(), view,
-                                  set, shape, out.data());
+      kc::sparse_decode_attention(kc::par{st.get()}, plan, ws.data(), ws.size(), c.q.data(),
+                                  c.view, c.set(), c.shape, c.out.data());
     } else {
-      kc::sparse_decode_attention(kc::par{st.get()}, q.data(), view, set, shape, out.data());
+      kc::sparse_decode_attention(kc::par{st.get()}, c.q.data(), c.view, c.set(), c.shape,
+                                  c.out.data());
     }
   });
-  // what it must read: K and V rows of the kept tokens, once per KV head
-  const double bytes = 2.0 * batch * heads * kept * d * sizeof(T);
-  state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
-  state.SetItemsProcessed(state.iterations() * std::int64_t{batch} * heads * kept);
-  share_of(state, "of_hbm", bytes, g_hbm_read);
-  // the same rows read by rows_read_kernel, measured here: the access pattern's own limit
+  c.report(state);
   kc::device_buffer<unsigned> sink(1);
-  const std::int64_t words = static_cast<std::int64_t>(bytes) / 16;
-  const double rows_rate = measure_rate(bytes, 11, [&](cudaStream_t s) {
-    rows_read_kernel<T><<<g_sms * 16, 512, 0, s>>>(view, d_idx.data(), kept, words, sink.data());
+  const std::int64_t words = static_cast<std::int64_t>(c.bytes()) / 16;
+  const double rows_rate = measure_rate(c.bytes(), 11, [&](cudaStream_t s) {
+    rows_read_kernel<T><<<g_sms * 16, 512, 0, s>>>(c.view, c.d_idx.data(), c.kept, words,
+                                                   sink.data());
   });
-  share_of(state, "of_rows_read", bytes, rows_rate);
+  share_of(state, "of_rows_read", c.bytes(), rows_rate);
   state.counters["rows_read_GBps"] = rows_rate / 1e9;
   state.counters["splits"] = split ? plan.num_splits : 1;
+}
+
+// The split form with another row pipeline (Pipe: ring depth, rows per lane-group; the library
+// runs detail::default_attention_pipeline) and plan. range: kept, batch, merge in kernel (1) or
+// by a merge kernel (0), min_chunk_tokens, target_blocks; context 32K.
+template <class T, class Pipe>
+void bm_attention_variant(benchmark::State& state) {
+  attention_case<T> c(32768, static_cast<i32>(state.range(0)), static_cast<i32>(state.range(1)));
+  auto plan = kc::make_sparse_attention_plan(c.shape, c.heads, c.d, c.kept, 1,
+                                             static_cast<i32>(state.range(4)),
+                                             static_cast<i32>(state.range(3)));
+  plan.merge_in_kernel = state.range(2) != 0;
+  plan.workspace_bytes = kc::detail::attention_workspace_bytes(plan);
+  kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
+  kc::stream st;
+  kc::prepare_sparse_attention_workspace(kc::par{st.get()}, plan, ws.data());
+  time_with_events(state, st.get(), [&] {
+    kc::detail::run_attention_plan<Pipe>(kc::par{st.get()}, plan, ws.data(), ws.size(),
+                                         c.q.data(), c.view, c.set(), c.shape, c.out.data());
+  });
+  c.report(state);
+  state.counters["splits"] = plan.num_splits;
+  // the variant's output against the library's (the single-kernel form): a wrong variant's
+  // time is no result
+  kc::device_buffer<T> ref(c.out.size());
+  kc::sparse_decode_attention(kc::par{st.get()}, c.q.data(), c.view, c.set(), c.shape,
+                              ref.data());
+  kc::check(cudaStreamSynchronize(st.get()), "bench variant check");
+  const auto got = download(c.out);
+  const auto want = download(ref);
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double a = kvsift::to_float(got[i]), b = kvsift::to_float(want[i]);
+    worst = std::max(worst, std::abs(a - b) / (1.0 + std::abs(b)));
+  }
+  state.counters["max_rel_diff"] = worst;
+  if (!(worst <= 2e-2)) {
+    state.SkipWithError("variant output differs from the library's");
+  }
 }
 
 // FreeKV's recall of `items` (page, head) blocks of 32 x 128 bf16 from pinned host memory:
@@ -363,6 +458,46 @@ void register_all() {
     }
   }
   bf16->Apply(timed_runs);
+  for (auto* b : {benchmark::RegisterBenchmark("topk_block/256", bm_topk_block<256>),
+                  benchmark::RegisterBenchmark("topk_block/512", bm_topk_block<512>),
+                  benchmark::RegisterBenchmark("topk_block/1024", bm_topk_block<1024>)}) {
+    b->Args({4096, 256})->Args({32768, 256})->Args({131072, 32})->Apply(timed_runs);
+  }
+  // row pipelines x merge x chunking, bf16 (kept, batch, merge_in_kernel, min_chunk, target)
+  const auto variants = [](benchmark::internal::Benchmark* b) {
+    for (const int kept : {2048, 10240}) {
+      for (const int batch : {1, 64}) {
+        for (const int merge : {0, 1}) {
+          b->Args({kept, batch, merge, 64, 1024});
+        }
+      }
+    }
+    for (const int kept : {2048, 10240}) {  // batch 1: smaller chunks, more blocks
+      for (const int min_chunk : {16, 32}) {
+        for (const int target : {1024, 4096}) {
+          b->Args({kept, 1, 1, min_chunk, target});
+        }
+      }
+    }
+    b->Apply(timed_runs);
+  };
+  using bf = kvsift::bfloat16;
+  namespace kd = kc::detail;
+  benchmark::RegisterBenchmark("attention_variant/bf16/regs_u4",
+                               bm_attention_variant<bf, kd::attention_pipeline<0, 4>>)
+      ->Apply(variants);
+  benchmark::RegisterBenchmark("attention_variant/bf16/ring2_u4",
+                               bm_attention_variant<bf, kd::attention_pipeline<2, 4>>)
+      ->Apply(variants);
+  benchmark::RegisterBenchmark("attention_variant/bf16/ring3_u2",
+                               bm_attention_variant<bf, kd::attention_pipeline<3, 2>>)
+      ->Apply(variants);
+  benchmark::RegisterBenchmark("attention_variant/bf16/ring4_u2",
+                               bm_attention_variant<bf, kd::attention_pipeline<4, 2>>)
+      ->Apply(variants);
+  benchmark::RegisterBenchmark("attention_variant/bf16/ring3_u3",
+                               bm_attention_variant<bf, kd::attention_pipeline<3, 3>>)
+      ->Apply(variants);
   benchmark::RegisterBenchmark("sparse_attention/f16", bm_sparse_attention<kvsift::half>)
       ->Args({32768, 2048, 1, 1})
       ->Args({32768, 2048, 64, 1})

@@ -172,11 +172,14 @@ TEST_CASE("segmented_topk matches the CPU reference, ties and NaN included", "[c
   const unsigned seed = GENERATE(1u, 2u, 3u);
   const int segments = GENERATE(1, 7, 300);
   const int levels = GENERATE(3, 1000000);  // few levels: many ties
-  CAPTURE(seed, segments, levels);
+  // segments up to 70000 scores: with 1 or 7 segments their average passes
+  // detail::topk_long_segment, and the 1024-thread kernel runs
+  const int longest = GENERATE(5000, 70000);
+  CAPTURE(seed, segments, levels, longest);
   std::mt19937 rng(seed);
   std::vector<i32> sizes(segments), kept(segments);
   for (int s = 0; s < segments; ++s) {
-    sizes[s] = std::uniform_int_distribution<i32>(0, s % 5 == 0 ? 5000 : 300)(rng);
+    sizes[s] = std::uniform_int_distribution<i32>(0, s % 5 == 0 ? longest : 300)(rng);
     kept[s] = sizes[s] == 0 ? 0 : std::uniform_int_distribution<i32>(0, sizes[s])(rng);
   }
   const auto off = csr(sizes);
@@ -400,9 +403,10 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
   const int d = GENERATE(64, 128);
   const bool pages = GENERATE(false, true);
   const int group = GENERATE(1, 4, 6, 8);  // head tiles 1, 4, 2 and two tiles of 4
-  // the single-kernel form, and the split form with its max_entries hint exact or too small
-  // (a segment past the hint is read whole by its last chunk)
-  const int form = GENERATE(0, 1, 2);
+  // the single-kernel form, the split form with its max_entries hint exact or too small (a
+  // segment past the hint is read whole by its last chunk), and the split form with its merge
+  // kernel instead of the in-kernel merge
+  const int form = GENERATE(0, 1, 2, 3);
   CAPTURE(kind_name(kind), d, pages, group, form);
   std::mt19937 rng(11);
   const std::vector<i32> lens{37, 200, 1, 64};
@@ -452,13 +456,15 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
   for (std::size_t s = 0; s + 1 < off.size(); ++s) {
     max_entries = std::max(max_entries, off[s + 1] - off[s]);
   }
-  const auto plan = kc::make_sparse_attention_plan(
+  auto plan = kc::make_sparse_attention_plan(
       shape, heads, d, form == 2 ? max_entries / 3 : max_entries, pages ? cache.page_size : 1,
       /*target_blocks=*/4096, /*min_chunk_tokens=*/8);
   if (form != 0) {
     REQUIRE(plan.num_splits > 1);
   }
+  plan.merge_in_kernel = form != 3;
   kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
+  kc::prepare_sparse_attention_workspace(kc::par{}, plan, ws.data());
   const auto run = [&](const auto& view, const auto& set) {
     if (form == 0) {
       kc::sparse_decode_attention(kc::par{}, d_q.data(), view, set, shape, d_out.data());
@@ -467,13 +473,18 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
                                   shape, d_out.data());
     }
   };
-  cache.with_view([&](const auto& view) {
-    if (pages) {
-      run(view, kc::page_set{d_off.data(), d_idx.data(), cache.page_size});
-    } else {
-      run(view, kc::token_set{d_off.data(), d_idx.data()});
-    }
-  });
+  // twice with the same workspace, the output overwritten with NaN between: the second launch
+  // must find the in-kernel merge's arrival counters back at zero
+  for (int launch = 0; launch < 2; ++launch) {
+    kc::check(cudaMemset(d_out.data(), 0xff, d_out.bytes()), "test");
+    cache.with_view([&](const auto& view) {
+      if (pages) {
+        run(view, kc::page_set{d_off.data(), d_idx.data(), cache.page_size});
+      } else {
+        run(view, kc::token_set{d_off.data(), d_idx.data()});
+      }
+    });
+  }
   kc::check(cudaDeviceSynchronize(), "test");
   const auto out = download(d_out);
 

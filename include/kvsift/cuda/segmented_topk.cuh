@@ -62,16 +62,32 @@ KVSIFT_DEVICE inline std::uint32_t descending_key(float s) {
   return ~ordered;
 }
 
+// Threads per block: 256, or 1024 when the segments average at least topk_long_segment scores
+// (a few long segments: one block per segment is then all the parallelism there is).
 inline constexpr int topk_block = 256;
+inline constexpr int topk_long_block = 1024;
+inline constexpr std::int64_t topk_long_segment = 16384;
+
+// Adds 1 to hist[bin] for every lane of the warp whose `counts` is set, one shared atomic per
+// distinct bin: scores cluster in a few bins (the first digit is the sign and exponent), where
+// one atomic per lane would serialise on the same word. Every lane of the warp must call it.
+KVSIFT_DEVICE inline void warp_histogram_add(unsigned* hist, unsigned bin, bool counts) {
+  const unsigned key = counts ? bin : 0xffffffffu;
+  const unsigned peers = __match_any_sync(0xffffffffu, key);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (counts && lane == __ffs(peers) - 1) {
+    atomicAdd(hist + bin, static_cast<unsigned>(__popc(peers)));
+  }
+}
 
 // One block per segment (grid-stride over segments). Kernels are templates so that a
 // header-only library never defines a kernel twice.
-template <Element Score>
-KVSIFT_KERNEL void __launch_bounds__(topk_block)
+template <Element Score, int Block>
+KVSIFT_KERNEL void __launch_bounds__(Block)
     radix_topk_kernel(const Score* __restrict__ scores, const std::int32_t* __restrict__ offsets,
                       const std::int32_t* __restrict__ out_offsets, std::int32_t num_segments,
                       std::int32_t* __restrict__ out) {
-  using scan_t = ::cub::BlockScan<unsigned long long, topk_block>;
+  using scan_t = ::cub::BlockScan<unsigned long long, Block>;
   __shared__ typename scan_t::TempStorage scan_storage;
   __shared__ unsigned hist[256];
   __shared__ std::uint32_t found_prefix;
@@ -82,7 +98,7 @@ KVSIFT_KERNEL void __launch_bounds__(topk_block)
     const std::int32_t o = out_offsets[s];
     const std::int32_t k = out_offsets[s + 1] - o;
     const std::int32_t kk = min(k, n);
-    for (std::int32_t j = max(kk, 0) + threadIdx.x; j < k; j += topk_block) {
+    for (std::int32_t j = max(kk, 0) + threadIdx.x; j < k; j += Block) {
       out[o + j] = -1;  // a contract violation (k_s > n_s) yields -1, never another segment
     }
     if (kk <= 0) {
@@ -93,15 +109,15 @@ KVSIFT_KERNEL void __launch_bounds__(topk_block)
     // the threshold's 1-based rank among the keys that share them
     std::uint32_t prefix = 0, mask = 0, rank = static_cast<std::uint32_t>(kk);
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int i = threadIdx.x; i < 256; i += topk_block) {
+      for (int i = threadIdx.x; i < 256; i += Block) {
         hist[i] = 0;
       }
       __syncthreads();
-      for (std::int32_t i = threadIdx.x; i < n; i += topk_block) {
-        const std::uint32_t key = descending_key(to_float(seg[i]));
-        if ((key & mask) == prefix) {
-          atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
-        }
+      // the trip count is the block's: every lane of a warp reaches the warp's match
+      for (std::int32_t i0 = 0; i0 < n; i0 += Block) {
+        const std::int32_t i = i0 + static_cast<std::int32_t>(threadIdx.x);
+        const std::uint32_t key = i < n ? descending_key(to_float(seg[i])) : 0u;
+        warp_histogram_add(hist, (key >> shift) & 0xffu, i < n && (key & mask) == prefix);
       }
       __syncthreads();
       if (threadIdx.x < 32) {  // one warp finds the digit holding the rank
@@ -141,7 +157,7 @@ KVSIFT_KERNEL void __launch_bounds__(topk_block)
     }
     // keep every key < prefix and the first `rank` keys == prefix, in index order
     unsigned long long seen = 0;  // (#less << 32) | #equal in the tiles before this one
-    for (std::int32_t base = 0; base < n; base += topk_block) {
+    for (std::int32_t base = 0; base < n; base += Block) {
       const std::int32_t i = base + static_cast<std::int32_t>(threadIdx.x);
       const std::uint32_t key = i < n ? descending_key(to_float(seg[i])) : 0xffffffffu;
       const bool less = i < n && key < prefix;
@@ -222,8 +238,15 @@ void segmented_topk(par policy, const segmented_topk_plan& plan, void* workspace
           where, "scores/offsets/out_offsets/out_indices", "null", "device pointers");
   (void)workspace;
   const unsigned grid = static_cast<unsigned>(std::min(plan.num_segments, 65535 * 8));
-  detail::radix_topk_kernel<Score><<<grid, detail::topk_block, 0, policy.stream>>>(
-      scores, offsets, out_offsets, plan.num_segments, out_indices);
+  if (plan.num_items / plan.num_segments >= detail::topk_long_segment) {
+    detail::radix_topk_kernel<Score, detail::topk_long_block>
+        <<<grid, detail::topk_long_block, 0, policy.stream>>>(scores, offsets, out_offsets,
+                                                              plan.num_segments, out_indices);
+  } else {
+    detail::radix_topk_kernel<Score, detail::topk_block>
+        <<<grid, detail::topk_block, 0, policy.stream>>>(scores, offsets, out_offsets,
+                                                         plan.num_segments, out_indices);
+  }
   check_launch(where);
 }
 

@@ -16,10 +16,14 @@
 // share one KV head, so each K/V row is read from memory once for the whole tile, over one chunk
 // of the segment's set; a segment's set is cut into `num_splits` chunks (a plan, below) so that a
 // small batch still fills the GPU. Inside a block every 16-byte load is one lane's share of a
-// row: a row of d channels takes d * sizeof(T) / 16 lanes, so a warp reads 1-4 rows at a time,
-// four per lane-group in flight. Each lane-group keeps its own running max, sum and accumulator;
-// the block merges them through shared memory, and with more than one split a second kernel
-// merges the chunks' partial results (from the caller's workspace) into the output.
+// row: a row of d channels takes d * sizeof(T) / 16 lanes, so a warp reads 1-4 rows at a time.
+// The rows stream through a two-deep cp.async ring in shared memory (each lane reads back only
+// the words it copied, so no barrier): while a lane-group computes one iteration's 4 rows, the
+// next 4 are in flight, and no register holds a row in flight. Each lane-group keeps its own
+// running max, sum and accumulator; the block merges them through shared memory. With more than
+// one split, each chunk writes its partial result to the caller's workspace and the last chunk
+// of a head tile to finish merges them (an arrival counter per tile, back at zero after each
+// launch), or a second kernel does (plan.merge_in_kernel = false).
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
@@ -58,6 +62,9 @@ struct sparse_attention_plan {
   std::int32_t head_dim = 0;
   std::int32_t num_splits = 1;   // chunks per segment (grid.y)
   std::int32_t chunk = 0;        // set entries (tokens or pages) per chunk
+  // the last chunk of a head tile to finish merges the tile's chunks (no merge kernel); its
+  // arrival counters live in the workspace, which must then be zeroed once before first use
+  bool merge_in_kernel = true;
   std::size_t workspace_bytes = 0;  // 0 when num_splits == 1
 };
 
@@ -125,18 +132,76 @@ KVSIFT_DEVICE inline float merge_weight(float m, float big) {
   return m == -INFINITY ? 0.0f : __expf(m - big);
 }
 
-template <int D, int G, KvView Kv, class Set>
+// cp.async (sm_80 and later): a 16-byte copy from global to shared memory that passes neither
+// L1 nor the registers. Only the thread that issued a copy reads its slot, after wait_group, so
+// the ring below needs no barrier.
+KVSIFT_DEVICE inline void cp_async16(void* smem, const void* gmem) {
+  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+KVSIFT_DEVICE inline void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+KVSIFT_DEVICE inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared memory of one attention block: the cp.async ring while the rows stream (Stages slots
+// of Unroll rows' K and V words and tokens per thread), then, reusing it, the lane-groups'
+// partial results for the block's merge.
+template <int D, int G, int Stages, int Unroll, class T>
+struct attention_smem {
+  static constexpr int groups = attention_tile<T, D>::groups;
+  static constexpr std::size_t ring_words = std::size_t{Stages} * Unroll * attention_threads;
+  static constexpr std::size_t ring_bytes = ring_words * (2 * sizeof(uint4) + sizeof(int));
+  static constexpr std::size_t merge_bytes = sizeof(float) * (std::size_t{groups} * G * (D + 3) + 2 * G);
+  static constexpr std::size_t bytes = ring_bytes > merge_bytes ? ring_bytes : merge_bytes;
+  static_assert(bytes <= 48 * 1024, "static shared memory is limited to 48 KiB");
+};
+
+// Output channel c of row `row` from the chunks' partial results (max, sum, unnormalised o).
+// Reads through L2 (__ldcg): in the in-kernel merge the partials were written by other blocks.
+template <int D>
+KVSIFT_DEVICE inline float merge_chunks(const float* part_o, const float* part_ml,
+                                        std::int32_t splits, std::int64_t rows, std::int64_t row,
+                                        int c) {
+  float big = -INFINITY;
+  for (std::int32_t x = 0; x < splits; ++x) {
+    big = fmaxf(big, __ldcg(part_ml + 2 * (x * rows + row)));
+  }
+  float o = 0.0f;
+  float total = 0.0f;
+  for (std::int32_t x = 0; x < splits; ++x) {
+    const std::int64_t at = x * rows + row;
+    const float w = merge_weight(__ldcg(part_ml + 2 * at), big);
+    total += __ldcg(part_ml + 2 * at + 1) * w;
+    o += __ldcg(part_o + at * D + c) * w;
+  }
+  return total > 0.0f ? o / total : 0.0f;
+}
+
+// Stages == 0: each iteration loads its Unroll rows per lane-group into registers, then
+// computes. Stages >= 2: the rows stream through a Stages-deep cp.async ring, so Stages - 1
+// iterations' rows are in flight while one is computed (and no register holds a row in flight).
+// With `arrivals` (split launches only), the last chunk of a head tile to finish merges the
+// tile's chunks itself and resets its counter, in place of the merge kernel.
+template <int D, int G, int Stages, int Unroll, KvView Kv, class Set>
 __global__ void __launch_bounds__(attention_threads)
     sparse_decode_attention_kernel(const typename Kv::element_type* __restrict__ q, Kv kv,
                                    Set set, std::int32_t num_q_heads, float scale,
                                    std::int32_t chunk, typename Kv::element_type* __restrict__ out,
-                                   float* __restrict__ part_o, float* __restrict__ part_ml) {
+                                   float* __restrict__ part_o, float* __restrict__ part_ml,
+                                   unsigned* __restrict__ arrivals) {
   using T = typename Kv::element_type;
   using tile = attention_tile<T, D>;
+  using smem_t = attention_smem<D, G, Stages, Unroll, T>;
   constexpr int vec = tile::vec;
   constexpr int lanes = tile::lanes;
   constexpr int groups = tile::groups;
-  constexpr int unroll = 4;  // rows in flight per lane-group (kept as raw 16-byte words)
+  constexpr int step = groups * Unroll;  // entry-positions per iteration
+  static_assert(Stages == 0 || Stages >= 2);
+  __shared__ __align__(16) unsigned char smem[smem_t::bytes];
 
   const std::int32_t tiles_per_request = num_q_heads / G;
   const std::int32_t r = blockIdx.x / tiles_per_request;
@@ -177,80 +242,155 @@ __global__ void __launch_bounds__(attention_threads)
     }
   }
 
-  // The trip count is the block's, so every lane reaches the shuffles below.
-  for (std::int32_t u = u0; u < u1; u += groups * unroll) {
-    std::int32_t t[unroll];
+  // The online softmax over one iteration's rows: t[j] < 0 is no row, whose words krow(j) and
+  // vrow(j) give as zeros. K words first (all dot products), then V words, so one row's word is
+  // live at a time when they come from the ring.
+  const auto consume = [&](const std::int32_t (&t)[Unroll], auto&& krow, auto&& vrow) {
+    float p[G][Unroll];
 #pragma unroll
-    for (int j = 0; j < unroll; ++j) {
-      const std::int32_t uj = u + j * groups + lg;
-      t[j] = uj < u1 ? token_at(set, base, uj, n) : -1;
-    }
-    uint4 kr[unroll], vr[unroll];  // every load of the iteration in flight before any use
+    for (int j = 0; j < Unroll; ++j) {
+      const uint4 kw = krow(j);
 #pragma unroll
-    for (int j = 0; j < unroll; ++j) {
-      kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
-      if (t[j] >= 0) {
-        kr[j] = __ldg(reinterpret_cast<const uint4*>(kv.row(0, r, h, t[j]) + c0));
-        vr[j] = __ldg(reinterpret_cast<const uint4*>(kv.row(1, r, h, t[j]) + c0));
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float dot[unroll];
-      float big = m[g];
-#pragma unroll
-      for (int j = 0; j < unroll; ++j) {
+      for (int g = 0; g < G; ++g) {
         float x = 0.0f;
 #pragma unroll
         for (int i = 0; i < vec; ++i) {
-          x += qr[g][i] * element_of<T>(kr[j], i);
+          x += qr[g][i] * element_of<T>(kw, i);
         }
-        x = group_sum<lanes>(x);
-        dot[j] = t[j] >= 0 ? x : -INFINITY;
-        big = fmaxf(big, dot[j]);
+        p[g][j] = x;
       }
-      if (big == -INFINITY) {
-        continue;  // nothing seen yet by this lane-group (uniform within it)
+    }
+    float corr[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float big = m[g];
+#pragma unroll
+      for (int j = 0; j < Unroll; ++j) {
+        p[g][j] = t[j] >= 0 ? group_sum<lanes>(p[g][j]) : -INFINITY;
+        big = fmaxf(big, p[g][j]);
+      }
+      if (big == -INFINITY) {  // nothing seen yet by this lane-group (uniform within it)
+        corr[g] = 1.0f;
+#pragma unroll
+        for (int j = 0; j < Unroll; ++j) {
+          p[g][j] = 0.0f;
+        }
+        continue;
       }
       // rescale what was accumulated under the old max (exp(-inf) = 0 on the first token)
-      const float corr = __expf(m[g] - big);
-      float p[unroll];
+      corr[g] = __expf(m[g] - big);
       float psum = 0.0f;
 #pragma unroll
-      for (int j = 0; j < unroll; ++j) {
-        p[j] = __expf(dot[j] - big);
-        psum += p[j];
+      for (int j = 0; j < Unroll; ++j) {
+        p[g][j] = __expf(p[g][j] - big);
+        psum += p[g][j];
       }
-      l[g] = l[g] * corr + psum;
-#pragma unroll
-      for (int i = 0; i < vec; ++i) {
-        float a = acc[g][i] * corr;
-#pragma unroll
-        for (int j = 0; j < unroll; ++j) {
-          a += p[j] * element_of<T>(vr[j], i);
-        }
-        acc[g][i] = a;
-      }
+      l[g] = l[g] * corr[g] + psum;
       m[g] = big;
     }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int i = 0; i < vec; ++i) {
+        acc[g][i] *= corr[g];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < Unroll; ++j) {
+      const uint4 vw = vrow(j);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int i = 0; i < vec; ++i) {
+          acc[g][i] += p[g][j] * element_of<T>(vw, i);
+        }
+      }
+    }
+  };
+  const auto token = [&](std::int32_t u) { return u < u1 ? token_at(set, base, u, n) : -1; };
+
+  // The trip count is the block's, so every lane reaches the shuffles in consume.
+  if constexpr (Stages == 0) {
+    for (std::int32_t u = u0; u < u1; u += step) {
+      std::int32_t t[Unroll];
+      uint4 kr[Unroll], vr[Unroll];  // every load of the iteration in flight before any use
+#pragma unroll
+      for (int j = 0; j < Unroll; ++j) {
+        t[j] = token(u + j * groups + lg);
+        kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+        if (t[j] >= 0) {
+          kr[j] = __ldg(reinterpret_cast<const uint4*>(kv.row(0, r, h, t[j]) + c0));
+          vr[j] = __ldg(reinterpret_cast<const uint4*>(kv.row(1, r, h, t[j]) + c0));
+        }
+      }
+      consume(t, [&](int j) { return kr[j]; }, [&](int j) { return vr[j]; });
+    }
+  } else {
+    // ring slot (stage, j) of this thread: [stage][j][thread]
+    uint4* ring_k = reinterpret_cast<uint4*>(smem);
+    uint4* ring_v = ring_k + smem_t::ring_words;
+    std::int32_t* ring_t = reinterpret_cast<std::int32_t*>(ring_v + smem_t::ring_words);
+    const auto slot = [&](int stage, int j) {
+      return (stage * Unroll + j) * attention_threads + static_cast<int>(threadIdx.x);
+    };
+    const std::int32_t iters = u1 > u0 ? (u1 - u0 + step - 1) / step : 0;
+    const auto issue = [&](std::int32_t it) {
+      const int stage = it % Stages;
+#pragma unroll
+      for (int j = 0; j < Unroll; ++j) {
+        const std::int32_t t = token(u0 + it * step + j * groups + lg);
+        ring_t[slot(stage, j)] = t;
+        if (t >= 0) {
+          cp_async16(ring_k + slot(stage, j), kv.row(0, r, h, t) + c0);
+          cp_async16(ring_v + slot(stage, j), kv.row(1, r, h, t) + c0);
+        }
+      }
+    };
+#pragma unroll
+    for (int it = 0; it < Stages - 1; ++it) {
+      if (it < iters) {
+        issue(it);
+      }
+      cp_async_commit();  // one group per iteration, empty past the end
+    }
+    for (std::int32_t it = 0; it < iters; ++it) {
+      if (it + Stages - 1 < iters) {
+        issue(it + Stages - 1);  // into the slot read (and consumed) by iteration it - 1
+      }
+      cp_async_commit();
+      cp_async_wait<Stages - 1>();  // iteration it's group has landed
+      const int stage = it % Stages;
+      std::int32_t t[Unroll];
+#pragma unroll
+      for (int j = 0; j < Unroll; ++j) {
+        t[j] = ring_t[slot(stage, j)];
+      }
+      // an absent row's slot holds stale words: zeros instead
+      const auto word = [&](const uint4* ring, int j) {
+        return t[j] >= 0 ? ring[slot(stage, j)] : make_uint4(0, 0, 0, 0);
+      };
+      consume(t, [&](int j) { return word(ring_k, j); }, [&](int j) { return word(ring_v, j); });
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the ring's memory is the merge's below
   }
 
   // merge the lane-groups
-  __shared__ float sm_m[groups][G];
-  __shared__ float sm_l[groups][G];
-  __shared__ float sm_acc[groups][G][D];
-  __shared__ float sm_w[groups][G];
-  __shared__ float sm_big[G];
-  __shared__ float sm_total[G];
+  float* const sm_acc = reinterpret_cast<float*>(smem);        // [groups][G][D]
+  float* const sm_m = sm_acc + groups * G * D;                 // [groups][G]
+  float* const sm_l = sm_m + groups * G;
+  float* const sm_w = sm_l + groups * G;
+  float* const sm_big = sm_w + groups * G;                     // [G]
+  float* const sm_total = sm_big + G;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     if (c0 == 0) {
-      sm_m[lg][g] = m[g];
-      sm_l[lg][g] = l[g];
+      sm_m[lg * G + g] = m[g];
+      sm_l[lg * G + g] = l[g];
     }
 #pragma unroll
     for (int i = 0; i < vec; ++i) {
-      sm_acc[lg][g][c0 + i] = acc[g][i];
+      sm_acc[(lg * G + g) * D + c0 + i] = acc[g][i];
     }
   }
   __syncthreads();
@@ -258,31 +398,31 @@ __global__ void __launch_bounds__(attention_threads)
     const int g = threadIdx.x;
     float big = -INFINITY;
     for (int x = 0; x < groups; ++x) {
-      big = fmaxf(big, sm_m[x][g]);
+      big = fmaxf(big, sm_m[x * G + g]);
     }
     float total = 0.0f;
     for (int x = 0; x < groups; ++x) {
-      sm_w[x][g] = merge_weight(sm_m[x][g], big);
-      total += sm_l[x][g] * sm_w[x][g];
+      sm_w[x * G + g] = merge_weight(sm_m[x * G + g], big);
+      total += sm_l[x * G + g] * sm_w[x * G + g];
     }
     sm_big[g] = big;
     sm_total[g] = total;
   }
   __syncthreads();
   const std::int64_t row0 = std::int64_t{r} * num_q_heads + hq0;  // output row of head hq0
+  const std::int64_t rows = std::int64_t{gridDim.x} * G;          // num_requests * num_q_heads
   for (int e = threadIdx.x; e < G * D; e += attention_threads) {
     const int g = e / D;
     const int c = e % D;
     float o = 0.0f;
 #pragma unroll
     for (int x = 0; x < groups; ++x) {
-      o += sm_acc[x][g][c] * sm_w[x][g];
+      o += sm_acc[(x * G + g) * D + c] * sm_w[x * G + g];
     }
     if (part_o == nullptr) {
       const float total = sm_total[g];
       out[(row0 + g) * D + c] = from_float<T>(total > 0.0f ? o / total : 0.0f);
     } else {
-      const std::int64_t rows = std::int64_t{gridDim.x} * G;  // num_requests * num_q_heads
       const std::int64_t at = blockIdx.y * rows + row0 + g;
       part_o[at * D + c] = o;
       if (c == 0) {
@@ -290,6 +430,30 @@ __global__ void __launch_bounds__(attention_threads)
         part_ml[2 * at + 1] = sm_total[g];
       }
     }
+  }
+  if (part_o == nullptr || arrivals == nullptr) {
+    return;
+  }
+  // The in-kernel merge: the tile's last chunk to arrive reads every chunk's partials.
+  __shared__ bool last;
+  __threadfence();  // this block's partials are visible device-wide before its arrival
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(arrivals + blockIdx.x, 1u) == gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!last) {
+    return;
+  }
+  __threadfence();
+  for (int e = threadIdx.x; e < G * D; e += attention_threads) {
+    const int g = e / D;
+    const int c = e % D;
+    out[(row0 + g) * D + c] =
+        from_float<T>(merge_chunks<D>(part_o, part_ml, gridDim.y, rows, row0 + g, c));
+  }
+  if (threadIdx.x == 0) {
+    arrivals[blockIdx.x] = 0;  // every chunk of this launch has arrived: ready for the next
   }
 }
 
@@ -299,35 +463,27 @@ __global__ void __launch_bounds__(D)
     sparse_attention_merge_kernel(const float* __restrict__ part_o,
                                   const float* __restrict__ part_ml, std::int32_t splits,
                                   std::int64_t rows, T* __restrict__ out) {
-  const std::int64_t row = blockIdx.x;
-  const int c = threadIdx.x;
-  float big = -INFINITY;
-  for (std::int32_t x = 0; x < splits; ++x) {
-    big = fmaxf(big, part_ml[2 * (x * rows + row)]);
-  }
-  float o = 0.0f;
-  float total = 0.0f;
-  for (std::int32_t x = 0; x < splits; ++x) {
-    const std::int64_t at = x * rows + row;
-    const float w = merge_weight(part_ml[2 * at], big);
-    total += part_ml[2 * at + 1] * w;
-    o += part_o[at * D + c] * w;
-  }
-  out[row * D + c] = from_float<T>(total > 0.0f ? o / total : 0.0f);
+  out[blockIdx.x * std::int64_t{D} + threadIdx.x] = from_float<T>(
+      merge_chunks<D>(part_o, part_ml, splits, rows, blockIdx.x, static_cast<int>(threadIdx.x)));
 }
 
-// The workspace of a split launch: partial outputs, then (max, sum) pairs.
+// The workspace of a split launch: partial outputs, (max, sum) pairs, and with the in-kernel
+// merge one arrival counter per head tile (zero between launches).
 struct attention_parts {
   float* o = nullptr;
   float* ml = nullptr;
+  unsigned* arrivals = nullptr;
 };
 inline attention_parts carve_attention_parts(void* base, std::int64_t splits,
                                              std::int64_t rows, std::int32_t head_dim,
-                                             std::size_t* used = nullptr) {
+                                             std::int64_t tiles, std::size_t* used = nullptr) {
   workspace_carver carve(base);
   attention_parts p;
   p.o = carve.take<float>(static_cast<std::size_t>(splits * rows * head_dim));
   p.ml = carve.take<float>(static_cast<std::size_t>(2 * splits * rows));
+  if (tiles > 0) {
+    p.arrivals = carve.take<unsigned>(static_cast<std::size_t>(tiles));
+  }
   if (used != nullptr) {
     *used = carve.used();
   }
@@ -378,24 +534,45 @@ void check_view(const char* where, const paged_kv<T>& kv) {
   require(kv.page_size > 0, where, "kv.page_size", kv.page_size, "> 0");
 }
 
-template <int D, KvView Kv, class Set>
+// How the attention kernel streams its rows (see the kernel): cp.async ring depth (0: through
+// registers) and rows per lane-group and iteration. The library runs default_attention_pipeline;
+// the GPU benchmark compares it with the others.
+template <int Stages, int Unroll>
+struct attention_pipeline {
+  static constexpr int stages = Stages;
+  static constexpr int unroll = Unroll;
+};
+using default_attention_pipeline = attention_pipeline<2, 4>;
+
+// Head tiles of a launch (grid.x): num_requests * num_q_heads / tile.
+inline std::int64_t attention_tiles(std::int32_t num_requests, std::int32_t num_q_heads,
+                                    std::int32_t num_kv_heads) {
+  return std::int64_t{num_requests} * num_q_heads /
+         attention_head_tile(num_q_heads / num_kv_heads);
+}
+
+template <int D, class Pipe, KvView Kv, class Set>
 void launch_attention(par policy, const typename Kv::element_type* q, const Kv& kv,
                       const Set& set, std::int32_t num_q_heads, std::int32_t num_requests,
                       float scale, std::int32_t splits, std::int32_t chunk,
                       typename Kv::element_type* out, attention_parts parts) {
   const int g = attention_head_tile(num_q_heads / kv.num_kv_heads);
-  const dim3 grid(static_cast<unsigned>(std::int64_t{num_requests} * num_q_heads / g),
+  const dim3 grid(static_cast<unsigned>(attention_tiles(num_requests, num_q_heads,
+                                                        kv.num_kv_heads)),
                   static_cast<unsigned>(splits));
   const auto run = [&](auto kernel) {
     kernel<<<grid, attention_threads, 0, policy.stream>>>(q, kv, set, num_q_heads, scale, chunk,
-                                                          out, parts.o, parts.ml);
+                                                          out, parts.o, parts.ml,
+                                                          parts.arrivals);
   };
+  constexpr int S = Pipe::stages;
+  constexpr int U = Pipe::unroll;
   switch (g) {
-    case 4: run(sparse_decode_attention_kernel<D, 4, Kv, Set>); break;
-    case 2: run(sparse_decode_attention_kernel<D, 2, Kv, Set>); break;
-    default: run(sparse_decode_attention_kernel<D, 1, Kv, Set>); break;
+    case 4: run(sparse_decode_attention_kernel<D, 4, S, U, Kv, Set>); break;
+    case 2: run(sparse_decode_attention_kernel<D, 2, S, U, Kv, Set>); break;
+    default: run(sparse_decode_attention_kernel<D, 1, S, U, Kv, Set>); break;
   }
-  if (parts.o != nullptr) {
+  if (parts.o != nullptr && parts.arrivals == nullptr) {
     const std::int64_t rows = std::int64_t{num_requests} * num_q_heads;
     sparse_attention_merge_kernel<D, typename Kv::element_type>
         <<<static_cast<unsigned>(rows), D, 0, policy.stream>>>(parts.o, parts.ml, splits, rows,
@@ -403,7 +580,7 @@ void launch_attention(par policy, const typename Kv::element_type* q, const Kv& 
   }
 }
 
-template <KvView Kv, class Set>
+template <class Pipe = default_attention_pipeline, KvView Kv, class Set>
 void run_attention(const char* where, par policy, const typename Kv::element_type* q,
                    const Kv& kv, const Set& set, sparse_attention_shape shape,
                    std::int32_t splits, std::int32_t chunk, typename Kv::element_type* out,
@@ -426,13 +603,67 @@ void run_attention(const char* where, par policy, const typename Kv::element_typ
   const float scale =
       shape.scale > 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(kv.head_dim));
   if (kv.head_dim == 64) {
-    launch_attention<64>(policy, q, kv, set, shape.num_q_heads, shape.num_requests, scale,
-                         splits, chunk, out, parts);
+    launch_attention<64, Pipe>(policy, q, kv, set, shape.num_q_heads, shape.num_requests, scale,
+                               splits, chunk, out, parts);
   } else {
-    launch_attention<128>(policy, q, kv, set, shape.num_q_heads, shape.num_requests, scale,
-                          splits, chunk, out, parts);
+    launch_attention<128, Pipe>(policy, q, kv, set, shape.num_q_heads, shape.num_requests,
+                                scale, splits, chunk, out, parts);
   }
   check_launch(where);
+}
+
+// The plan form's checks and workspace, then run_attention (the public split form below; the
+// GPU benchmark calls it with other pipelines).
+inline std::size_t attention_workspace_bytes(const sparse_attention_plan& plan) {
+  std::size_t need = 0;
+  if (plan.num_splits > 1) {
+    carve_attention_parts(nullptr, plan.num_splits,
+                          std::int64_t{plan.num_requests} * plan.num_q_heads, plan.head_dim,
+                          plan.merge_in_kernel ? attention_tiles(plan.num_requests,
+                                                                 plan.num_q_heads,
+                                                                 plan.num_kv_heads)
+                                               : 0,
+                          &need);
+  }
+  return need;
+}
+
+template <class Pipe = default_attention_pipeline, KvView Kv, class Set>
+void run_attention_plan(par policy, const sparse_attention_plan& plan, void* workspace,
+                        std::size_t workspace_bytes, const typename Kv::element_type* q,
+                        const Kv& kv, const Set& set, sparse_attention_shape shape,
+                        typename Kv::element_type* out) {
+  constexpr const char* where = "cuda::sparse_decode_attention";
+  check_attention_shape(where, kv.head_dim, kv.num_kv_heads, shape);
+  require(plan.num_requests == shape.num_requests && plan.num_q_heads == shape.num_q_heads &&
+              plan.num_kv_heads == kv.num_kv_heads && plan.head_dim == kv.head_dim,
+          where, "plan", "for another shape",
+          "a plan made for this launch's requests, q heads, KV heads and head_dim");
+  require(plan.num_splits >= 1 && plan.num_splits <= 65535 &&
+              (plan.num_splits == 1 || plan.chunk > 0) &&
+              std::int64_t{plan.chunk} * (plan.num_splits - 1) <= 0x7fffffff,
+          where, "plan.num_splits", plan.num_splits,
+          "in [1, 65535] with a positive chunk (from make_sparse_attention_plan)");
+  // what the chunks' partials take, from the plan's shape (never from a field it could disagree
+  // with)
+  const std::size_t need = attention_workspace_bytes(plan);
+  require(workspace_bytes >= need, where, "workspace_bytes", workspace_bytes,
+          ">= the plan's workspace_bytes");
+  require(need == 0 || (workspace != nullptr &&
+                        reinterpret_cast<std::uintptr_t>(workspace) % workspace_alignment == 0),
+          where, "workspace", workspace == nullptr ? "null" : "not 256-byte aligned",
+          "a 256-byte aligned device array");
+  const attention_parts parts =
+      plan.num_splits > 1
+          ? carve_attention_parts(workspace, plan.num_splits,
+                                  std::int64_t{shape.num_requests} * shape.num_q_heads,
+                                  plan.head_dim,
+                                  plan.merge_in_kernel ? attention_tiles(shape.num_requests,
+                                                                         shape.num_q_heads,
+                                                                         kv.num_kv_heads)
+                                                       : 0)
+          : attention_parts{};
+  run_attention<Pipe>(where, policy, q, kv, set, shape, plan.num_splits, plan.chunk, out, parts);
 }
 
 }  // namespace detail
@@ -467,11 +698,7 @@ void run_attention(const char* where, par policy, const typename Kv::element_typ
   splits = chunk == 0 ? 1 : (max_entries + chunk - 1) / chunk;  // no chunk starts past the end
   p.num_splits = static_cast<std::int32_t>(splits);
   p.chunk = static_cast<std::int32_t>(chunk);
-  if (splits > 1) {
-    detail::carve_attention_parts(nullptr, splits,
-                                  std::int64_t{shape.num_requests} * shape.num_q_heads, head_dim,
-                                  &p.workspace_bytes);
-  }
+  p.workspace_bytes = detail::attention_workspace_bytes(p);
   return p;
 }
 
@@ -494,48 +721,31 @@ void sparse_decode_attention(par policy, const typename Kv::element_type* q, con
   detail::run_attention(where, policy, q, kv, set, shape, 1, 0, out, {});
 }
 
+// Zeroes a split launch's workspace on the stream (the in-kernel merge's arrival counters):
+// once, after allocating it and before its first launch. Every launch leaves it zeroed again, so
+// a captured graph replays without it.
+inline void prepare_sparse_attention_workspace(par policy, const sparse_attention_plan& plan,
+                                               void* workspace) {
+  if (plan.workspace_bytes > 0) {
+    require(workspace != nullptr, "cuda::prepare_sparse_attention_workspace", "workspace",
+            "null", "a device array of plan.workspace_bytes");
+    check(cudaMemsetAsync(workspace, 0, plan.workspace_bytes, policy.stream),
+          "cuda::prepare_sparse_attention_workspace");
+  }
+}
+
 // The split form: `plan` from make_sparse_attention_plan with this launch's shape, head_dim and
-// KV heads; `workspace` of at least plan.workspace_bytes (any pointer when that is 0), reused
-// by every step. Two kernels (chunks, then their merge); still no allocation or synchronisation.
+// KV heads; `workspace` of at least plan.workspace_bytes (any pointer when that is 0), zeroed
+// once by prepare_sparse_attention_workspace and reused by every step. One kernel (the last
+// chunk of each head tile merges the tile), or with plan.merge_in_kernel = false two (chunks,
+// then a merge kernel); no allocation or synchronisation either way.
 template <KvView Kv, class Set>
   requires std::same_as<Set, token_set> || std::same_as<Set, page_set>
 void sparse_decode_attention(par policy, const sparse_attention_plan& plan, void* workspace,
                              std::size_t workspace_bytes, const typename Kv::element_type* q,
                              const Kv& kv, const Set& set, sparse_attention_shape shape,
                              typename Kv::element_type* out) {
-  constexpr const char* where = "cuda::sparse_decode_attention";
-  detail::check_attention_shape(where, kv.head_dim, kv.num_kv_heads, shape);
-  require(plan.num_requests == shape.num_requests && plan.num_q_heads == shape.num_q_heads &&
-              plan.num_kv_heads == kv.num_kv_heads && plan.head_dim == kv.head_dim,
-          where, "plan", "for another shape",
-          "a plan made for this launch's requests, q heads, KV heads and head_dim");
-  require(plan.num_splits >= 1 && plan.num_splits <= 65535 &&
-              (plan.num_splits == 1 || plan.chunk > 0) &&
-              std::int64_t{plan.chunk} * (plan.num_splits - 1) <= 0x7fffffff,
-          where, "plan.num_splits", plan.num_splits,
-          "in [1, 65535] with a positive chunk (from make_sparse_attention_plan)");
-  // what the chunks' partials take, from the plan's shape (never from a field it could disagree
-  // with)
-  std::size_t need = 0;
-  if (plan.num_splits > 1) {
-    detail::carve_attention_parts(nullptr, plan.num_splits,
-                                  std::int64_t{shape.num_requests} * shape.num_q_heads,
-                                  plan.head_dim, &need);
-  }
-  require(workspace_bytes >= need, where, "workspace_bytes", workspace_bytes,
-          ">= the plan's workspace_bytes");
-  require(need == 0 || (workspace != nullptr &&
-                        reinterpret_cast<std::uintptr_t>(workspace) % workspace_alignment == 0),
-          where, "workspace", workspace == nullptr ? "null" : "not 256-byte aligned",
-          "a 256-byte aligned device array");
-  const detail::attention_parts parts =
-      plan.num_splits > 1
-          ? detail::carve_attention_parts(workspace, plan.num_splits,
-                                          std::int64_t{shape.num_requests} * shape.num_q_heads,
-                                          plan.head_dim)
-          : detail::attention_parts{};
-  detail::run_attention(where, policy, q, kv, set, shape, plan.num_splits, plan.chunk, out,
-                        parts);
+  detail::run_attention_plan(policy, plan, workspace, workspace_bytes, q, kv, set, shape, out);
 }
 
 }  // namespace kvsift::cuda
