@@ -246,7 +246,7 @@ void bm_segmented_topk(benchmark::State& state) {
 
 // The top-k kernel at a given block size on the same segments (the library picks 256 or 1024 by
 // the average segment length, detail::topk_long_segment).
-template <int Block>
+template <int Block, bool WarpAggregated>
 void bm_topk_block(benchmark::State& state) {
   const i32 n = static_cast<i32>(state.range(0));
   const i32 segments = static_cast<i32>(state.range(1));
@@ -263,7 +263,7 @@ void bm_topk_block(benchmark::State& state) {
   kc::device_buffer<i32> out(std::size_t(k) * segments), ref(out.size());
   kc::stream st;
   time_with_events(state, st.get(), [&] {
-    kc::detail::radix_topk_kernel<float, Block><<<segments, Block, 0, st.get()>>>(
+    kc::detail::radix_topk_kernel<float, Block, WarpAggregated><<<segments, Block, 0, st.get()>>>(
         d_scores.data(), d_off.data(), d_out_off.data(), segments, out.data());
   });
   const auto plan = kc::make_segmented_topk_plan(n * segments, segments, k * segments);
@@ -458,24 +458,24 @@ void register_all() {
     }
   }
   bf16->Apply(timed_runs);
-  for (auto* b : {benchmark::RegisterBenchmark("topk_block/256", bm_topk_block<256>),
-                  benchmark::RegisterBenchmark("topk_block/512", bm_topk_block<512>),
-                  benchmark::RegisterBenchmark("topk_block/1024", bm_topk_block<1024>)}) {
+  for (auto* b : {benchmark::RegisterBenchmark("topk_block/256", bm_topk_block<256, false>),
+                  benchmark::RegisterBenchmark("topk_block/512", bm_topk_block<512, false>),
+                  benchmark::RegisterBenchmark("topk_block/1024", bm_topk_block<1024, false>),
+                  benchmark::RegisterBenchmark("topk_block/256_aggregated", bm_topk_block<256, true>),
+                  benchmark::RegisterBenchmark("topk_block/1024_aggregated",
+                                               bm_topk_block<1024, true>)}) {
     b->Args({4096, 256})->Args({32768, 256})->Args({131072, 32})->Apply(timed_runs);
   }
   // row pipelines x merge x chunking, bf16 (kept, batch, merge_in_kernel, min_chunk, target)
   const auto variants = [](benchmark::internal::Benchmark* b) {
     for (const int kept : {2048, 10240}) {
       for (const int batch : {1, 64}) {
-        for (const int merge : {0, 1}) {
-          b->Args({kept, batch, merge, 64, 1024});
-        }
+        b->Args({kept, batch, 0, 64, 1024});
       }
-    }
-    for (const int kept : {2048, 10240}) {  // batch 1: smaller chunks, more blocks
-      for (const int min_chunk : {16, 32}) {
-        for (const int target : {1024, 4096}) {
-          b->Args({kept, 1, 1, min_chunk, target});
+      b->Args({kept, 1, 1, 64, 1024});  // the in-kernel merge at batch 1
+      for (const int min_chunk : {32, 128}) {  // batch 1: chunk length, blocks
+        for (const int target : {512, 2048}) {
+          b->Args({kept, 1, 0, min_chunk, target});
         }
       }
     }
@@ -486,14 +486,8 @@ void register_all() {
   benchmark::RegisterBenchmark("attention_variant/bf16/regs_u4",
                                bm_attention_variant<bf, kd::attention_pipeline<0, 4>>)
       ->Apply(variants);
-  benchmark::RegisterBenchmark("attention_variant/bf16/ring2_u4",
-                               bm_attention_variant<bf, kd::attention_pipeline<2, 4>>)
-      ->Apply(variants);
-  benchmark::RegisterBenchmark("attention_variant/bf16/ring3_u2",
-                               bm_attention_variant<bf, kd::attention_pipeline<3, 2>>)
-      ->Apply(variants);
-  benchmark::RegisterBenchmark("attention_variant/bf16/ring4_u2",
-                               bm_attention_variant<bf, kd::attention_pipeline<4, 2>>)
+  benchmark::RegisterBenchmark("attention_variant/bf16/regs_u8",
+                               bm_attention_variant<bf, kd::attention_pipeline<0, 8>>)
       ->Apply(variants);
   benchmark::RegisterBenchmark("attention_variant/bf16/ring3_u3",
                                bm_attention_variant<bf, kd::attention_pipeline<3, 3>>)

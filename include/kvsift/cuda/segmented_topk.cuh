@@ -68,10 +68,17 @@ inline constexpr int topk_block = 256;
 inline constexpr int topk_long_block = 1024;
 inline constexpr std::int64_t topk_long_segment = 16384;
 
-// Adds 1 to hist[bin] for every lane of the warp whose `counts` is set, one shared atomic per
-// distinct bin: scores cluster in a few bins (the first digit is the sign and exponent), where
-// one atomic per lane would serialise on the same word. Every lane of the warp must call it.
+// Adds 1 to hist[bin] for every lane of the warp whose `counts` is set. WarpAggregated: one
+// shared atomic per distinct bin in the warp (__match_any_sync), for scores that cluster in a
+// few bins; else one atomic per lane. Every lane of the warp must call it.
+template <bool WarpAggregated>
 KVSIFT_DEVICE inline void warp_histogram_add(unsigned* hist, unsigned bin, bool counts) {
+  if constexpr (!WarpAggregated) {
+    if (counts) {
+      atomicAdd(hist + bin, 1u);
+    }
+    return;
+  }
   const unsigned key = counts ? bin : 0xffffffffu;
   const unsigned peers = __match_any_sync(0xffffffffu, key);
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -81,8 +88,9 @@ KVSIFT_DEVICE inline void warp_histogram_add(unsigned* hist, unsigned bin, bool 
 }
 
 // One block per segment (grid-stride over segments). Kernels are templates so that a
-// header-only library never defines a kernel twice.
-template <Element Score, int Block>
+// header-only library never defines a kernel twice. The library runs WarpAggregated = false: on
+// an H200 (2026-11-27) the aggregated histogram was up to 2x slower on the benchmark's scores.
+template <Element Score, int Block, bool WarpAggregated = false>
 KVSIFT_KERNEL void __launch_bounds__(Block)
     radix_topk_kernel(const Score* __restrict__ scores, const std::int32_t* __restrict__ offsets,
                       const std::int32_t* __restrict__ out_offsets, std::int32_t num_segments,
@@ -117,7 +125,7 @@ KVSIFT_KERNEL void __launch_bounds__(Block)
       for (std::int32_t i0 = 0; i0 < n; i0 += Block) {
         const std::int32_t i = i0 + static_cast<std::int32_t>(threadIdx.x);
         const std::uint32_t key = i < n ? descending_key(to_float(seg[i])) : 0u;
-        warp_histogram_add(hist, (key >> shift) & 0xffu, i < n && (key & mask) == prefix);
+        warp_histogram_add<WarpAggregated>(hist, (key >> shift) & 0xffu, i < n && (key & mask) == prefix);
       }
       __syncthreads();
       if (threadIdx.x < 32) {  // one warp finds the digit holding the rank

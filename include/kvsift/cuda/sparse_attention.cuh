@@ -17,13 +17,15 @@
 // of the segment's set; a segment's set is cut into `num_splits` chunks (a plan, below) so that a
 // small batch still fills the GPU. Inside a block every 16-byte load is one lane's share of a
 // row: a row of d channels takes d * sizeof(T) / 16 lanes, so a warp reads 1-4 rows at a time.
-// The rows stream through a two-deep cp.async ring in shared memory (each lane reads back only
-// the words it copied, so no barrier): while a lane-group computes one iteration's 4 rows, the
-// next 4 are in flight, and no register holds a row in flight. Each lane-group keeps its own
-// running max, sum and accumulator; the block merges them through shared memory. With more than
-// one split, each chunk writes its partial result to the caller's workspace and the last chunk
-// of a head tile to finish merges them (an arrival counter per tile, back at zero after each
-// launch), or a second kernel does (plan.merge_in_kernel = false).
+// Each iteration a lane-group issues the loads of its next 4 rows (K and V words) into
+// registers, then computes: all dot products from the K words, then the V words; at 128
+// registers a thread, 4 blocks fit on an SM. (A cp.async ring in shared memory, which keeps the
+// next iteration's rows in flight during the compute, is kept as a variant the GPU benchmark
+// compares: attention_pipeline. It was slower on an H200, 2026-11-27.) Each lane-group keeps its
+// own running max, sum and accumulator; the block merges them through shared memory. With more
+// than one split, each chunk writes its partial result to the caller's workspace and a second
+// kernel merges them, or (plan.merge_in_kernel) the last chunk of each head tile to finish does,
+// counting arrivals in the workspace.
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
@@ -62,9 +64,11 @@ struct sparse_attention_plan {
   std::int32_t head_dim = 0;
   std::int32_t num_splits = 1;   // chunks per segment (grid.y)
   std::int32_t chunk = 0;        // set entries (tokens or pages) per chunk
-  // the last chunk of a head tile to finish merges the tile's chunks (no merge kernel); its
-  // arrival counters live in the workspace, which must then be zeroed once before first use
-  bool merge_in_kernel = true;
+  // true: the last chunk of a head tile to finish merges the tile's chunks (no merge kernel);
+  // its arrival counters live in the workspace, which must then be zeroed once before first use
+  // (prepare_sparse_attention_workspace). Off by default: on an H200 (2026-11-27) it was slower
+  // at batch 1 (one block merges its tile's many chunks) and no faster at batch 64
+  bool merge_in_kernel = false;
   std::size_t workspace_bytes = 0;  // 0 when num_splits == 1
 };
 
@@ -266,7 +270,9 @@ __global__ void __launch_bounds__(attention_threads)
       float big = m[g];
 #pragma unroll
       for (int j = 0; j < Unroll; ++j) {
-        p[g][j] = t[j] >= 0 ? group_sum<lanes>(p[g][j]) : -INFINITY;
+        // every lane shuffles: the warp's two lane-groups may differ in t[j]
+        const float x = group_sum<lanes>(p[g][j]);
+        p[g][j] = t[j] >= 0 ? x : -INFINITY;
         big = fmaxf(big, p[g][j]);
       }
       if (big == -INFINITY) {  // nothing seen yet by this lane-group (uniform within it)
@@ -542,7 +548,7 @@ struct attention_pipeline {
   static constexpr int stages = Stages;
   static constexpr int unroll = Unroll;
 };
-using default_attention_pipeline = attention_pipeline<2, 4>;
+using default_attention_pipeline = attention_pipeline<0, 4>;
 
 // Head tiles of a launch (grid.x): num_requests * num_q_heads / tile.
 inline std::int64_t attention_tiles(std::int32_t num_requests, std::int32_t num_q_heads,
