@@ -21,7 +21,8 @@
 // registers, then computes: all dot products from the K words, then the V words; at 128
 // registers a thread, 4 blocks fit on an SM. (A cp.async ring in shared memory, which keeps the
 // next iteration's rows in flight during the compute, is kept as a variant the GPU benchmark
-// compares: attention_pipeline. It was slower on an H200, 2026-11-27.) Each lane-group keeps its
+// compares: attention_pipeline. On an H200, 2026-11-27, it was not faster beyond run-to-run
+// spread.) Each lane-group keeps its
 // own running max, sum and accumulator; the block merges them through shared memory. With more
 // than one split, each chunk writes its partial result to the caller's workspace and a second
 // kernel merges them, or (plan.merge_in_kernel) the last chunk of each head tile to finish does,
@@ -625,10 +626,8 @@ inline std::size_t attention_workspace_bytes(const sparse_attention_plan& plan) 
   if (plan.num_splits > 1) {
     carve_attention_parts(nullptr, plan.num_splits,
                           std::int64_t{plan.num_requests} * plan.num_q_heads, plan.head_dim,
-                          plan.merge_in_kernel ? attention_tiles(plan.num_requests,
-                                                                 plan.num_q_heads,
-                                                                 plan.num_kv_heads)
-                                               : 0,
+                          attention_tiles(plan.num_requests, plan.num_q_heads,
+                                          plan.num_kv_heads),
                           &need);
   }
   return need;
@@ -659,16 +658,17 @@ void run_attention_plan(par policy, const sparse_attention_plan& plan, void* wor
                         reinterpret_cast<std::uintptr_t>(workspace) % workspace_alignment == 0),
           where, "workspace", workspace == nullptr ? "null" : "not 256-byte aligned",
           "a 256-byte aligned device array");
-  const attention_parts parts =
+  attention_parts parts =
       plan.num_splits > 1
           ? carve_attention_parts(workspace, plan.num_splits,
                                   std::int64_t{shape.num_requests} * shape.num_q_heads,
                                   plan.head_dim,
-                                  plan.merge_in_kernel ? attention_tiles(shape.num_requests,
-                                                                         shape.num_q_heads,
-                                                                         kv.num_kv_heads)
-                                                       : 0)
+                                  attention_tiles(shape.num_requests, shape.num_q_heads,
+                                                  kv.num_kv_heads))
           : attention_parts{};
+  if (!plan.merge_in_kernel) {
+    parts.arrivals = nullptr;  // the merge kernel instead
+  }
   run_attention<Pipe>(where, policy, q, kv, set, shape, plan.num_splits, plan.chunk, out, parts);
 }
 
@@ -677,12 +677,14 @@ void run_attention_plan(par policy, const sparse_attention_plan& plan, void* wor
 // Plans a split launch (host only, no device call). `max_entries` bounds any segment's set size
 // in entries (tokens of a token_set, pages of a page_set of `page_size` tokens; 1 for tokens).
 // The sets are cut into chunks of at least `min_chunk_tokens` tokens (one chunk when the bound is
-// smaller) until the grid has about
-// `target_blocks` blocks (1024: several waves on an H100's 132 SMs).
+// smaller) until the grid has about `target_blocks` blocks. The defaults (512 blocks: about one
+// wave of 4 blocks on each of an H100's or H200's 132 SMs; chunks of at least 128 tokens) were
+// the fastest of those measured at batch 1 on an H200 (2026-11-27: 36 us where 1024 blocks of
+// 64-token chunks took 52 us at 10K kept; no slower at batch 64, which needs no split).
 [[nodiscard]] inline sparse_attention_plan make_sparse_attention_plan(
     sparse_attention_shape shape, std::int32_t num_kv_heads, std::int32_t head_dim,
-    std::int32_t max_entries, std::int32_t page_size = 1, std::int32_t target_blocks = 1024,
-    std::int32_t min_chunk_tokens = 64) {
+    std::int32_t max_entries, std::int32_t page_size = 1, std::int32_t target_blocks = 512,
+    std::int32_t min_chunk_tokens = 128) {
   constexpr const char* where = "cuda::make_sparse_attention_plan";
   detail::check_attention_shape(where, head_dim, num_kv_heads, shape);
   require(max_entries >= 0, where, "max_entries", max_entries, ">= 0");
