@@ -118,27 +118,35 @@ l2_flush& flusher() {
   return flush;
 }
 
-// Times `launch` on `s` with events, L2 flushed before each iteration.
+// Times `launch` on `s` with events, L2 flushed before each iteration; returns the timed
+// seconds in all (the share counters divide by it).
 template <class F>
-void time_with_events(benchmark::State& state, cudaStream_t s, F&& launch) {
+double time_with_events(benchmark::State& state, cudaStream_t s, F&& launch) {
   l2_flush& flush = flusher();
   kc::event start(true), stop(true);
   launch();  // warm-up
   kc::check(cudaStreamSynchronize(s), "bench warm-up");
+  double total = 0;
   for (auto _ : state) {
     flush(s);
     start.record(s);
     launch();
     stop.record(s);
     stop.synchronize();
-    state.SetIterationTime(static_cast<double>(stop.elapsed_ms_since(start)) / 1e3);
+    const double seconds = static_cast<double>(stop.elapsed_ms_since(start)) / 1e3;
+    state.SetIterationTime(seconds);
+    total += seconds;
   }
+  return total;
 }
 
-// Share of a limit, as a counter averaged over the run's time.
-void share_of(benchmark::State& state, const char* name, double bytes_per_iter, double limit) {
-  state.counters[name] = benchmark::Counter(bytes_per_iter / limit,
-                                            benchmark::Counter::kAvgIterationsRate);
+// Share of a limit: the rate reached over the timed seconds (from time_with_events) over the
+// limit's. A plain counter: Google Benchmark's rate flags would divide by its own clock.
+void share_of(benchmark::State& state, const char* name, double bytes_per_iter, double limit,
+              double seconds) {
+  state.counters[name] =
+      seconds > 0 ? bytes_per_iter * static_cast<double>(state.iterations()) / seconds / limit
+                  : 0.0;
 }
 
 // ---- references -------------------------------------------------------------------------------
@@ -234,14 +242,14 @@ void bm_segmented_topk(benchmark::State& state) {
   const auto plan = kc::make_segmented_topk_plan(n * segments, segments, k * segments);
   kc::device_buffer<std::byte> ws(plan.workspace_bytes);
   kc::stream st;
-  time_with_events(state, st.get(), [&] {
+  const double seconds = time_with_events(state, st.get(), [&] {
     kc::segmented_topk(kc::par{st.get()}, plan, ws.data(), ws.size(), d_scores.data(),
                        d_off.data(), d_out_off.data(), out.data());
   });
   const double bytes = double(n) * segments * sizeof(float);
   state.SetItemsProcessed(state.iterations() * std::int64_t{n} * segments);
   state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
-  share_of(state, "of_hbm", bytes, g_hbm_read);
+  share_of(state, "of_hbm", bytes, g_hbm_read, seconds);
 }
 
 // The top-k kernel at a given block size on the same segments (the library picks 256 or 1024 by
@@ -314,10 +322,10 @@ struct attention_case {
   [[nodiscard]] kc::token_set set() const { return {d_off.data(), d_idx.data()}; }
   // what it must read: K and V rows of the kept tokens, once per KV head
   [[nodiscard]] double bytes() const { return 2.0 * batch * heads * kept * d * sizeof(T); }
-  void report(benchmark::State& state) const {
+  void report(benchmark::State& state, double seconds) const {
     state.SetBytesProcessed(state.iterations() * std::int64_t(bytes()));
     state.SetItemsProcessed(state.iterations() * std::int64_t{batch} * heads * kept);
-    share_of(state, "of_hbm", bytes(), g_hbm_read);
+    share_of(state, "of_hbm", bytes(), g_hbm_read, seconds);
   }
 };
 
@@ -331,8 +339,7 @@ void bm_sparse_attention(benchmark::State& state) {
   const auto plan = kc::make_sparse_attention_plan(c.shape, c.heads, c.d, c.kept);
   kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
   kc::stream st;
-  kc::prepare_sparse_attention_workspace(kc::par{st.get()}, plan, ws.data());
-  time_with_events(state, st.get(), [&] {
+  const double seconds = time_with_events(state, st.get(), [&] {
     if (split) {
       kc::sparse_decode_attention(kc::par{st.get()}, plan, ws.data(), ws.size(), c.q.data(),
                                   c.view, c.set(), c.shape, c.out.data());
@@ -341,14 +348,14 @@ void bm_sparse_attention(benchmark::State& state) {
                                   c.out.data());
     }
   });
-  c.report(state);
+  c.report(state, seconds);
   kc::device_buffer<unsigned> sink(1);
   const std::int64_t words = static_cast<std::int64_t>(c.bytes()) / 16;
   const double rows_rate = measure_rate(c.bytes(), 11, [&](cudaStream_t s) {
     rows_read_kernel<T><<<g_sms * 16, 512, 0, s>>>(c.view, c.d_idx.data(), c.kept, words,
                                                    sink.data());
   });
-  share_of(state, "of_rows_read", c.bytes(), rows_rate);
+  share_of(state, "of_rows_read", c.bytes(), rows_rate, seconds);
   state.counters["rows_read_GBps"] = rows_rate / 1e9;
   state.counters["splits"] = split ? plan.num_splits : 1;
 }
@@ -367,24 +374,30 @@ void bm_attention_variant(benchmark::State& state) {
   kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
   kc::stream st;
   kc::prepare_sparse_attention_workspace(kc::par{st.get()}, plan, ws.data());
-  time_with_events(state, st.get(), [&] {
+  const auto launch = [&] {
     kc::detail::run_attention_plan<Pipe>(kc::par{st.get()}, plan, ws.data(), ws.size(),
                                          c.q.data(), c.view, c.set(), c.shape, c.out.data());
-  });
-  c.report(state);
+  };
+  const double seconds = time_with_events(state, st.get(), launch);
+  c.report(state, seconds);
   state.counters["splits"] = plan.num_splits;
   // the variant's output against the library's (the single-kernel form): a wrong variant's
   // time is no result
   kc::device_buffer<T> ref(c.out.size());
   kc::sparse_decode_attention(kc::par{st.get()}, c.q.data(), c.view, c.set(), c.shape,
                               ref.data());
+  // one more launch into an output of NaN: a variant that wrote nothing after its first launch
+  // (its in-kernel merge's counters not back at zero) fails here
+  kc::check(cudaMemsetAsync(c.out.data(), 0xff, c.out.bytes(), st.get()), "bench variant check");
+  launch();
   kc::check(cudaStreamSynchronize(st.get()), "bench variant check");
   const auto got = download(c.out);
   const auto want = download(ref);
   double worst = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double a = kvsift::to_float(got[i]), b = kvsift::to_float(want[i]);
-    worst = std::max(worst, std::abs(a - b) / (1.0 + std::abs(b)));
+    const double e = std::abs(a - b) / (1.0 + std::abs(b));
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);  // NaN: a row never written
   }
   state.counters["max_rel_diff"] = worst;
   if (!(worst <= 2e-2)) {
@@ -415,7 +428,7 @@ void bm_recall(benchmark::State& state) {
   kc::device_buffer<std::byte> ws(kc::streamed_recall<T>::workspace_bytes(shape));
   kc::stream compute, copy;
   kc::streamed_recall<T> recall(shape);
-  time_with_events(state, compute.get(), [&] {
+  const double seconds = time_with_events(state, compute.get(), [&] {
     if (gather) {
       kc::recall_gather<T>(kc::par{compute.get()}, shape, pool.data(), pages, d_list.data(),
                            items, k.data(), v.data());
@@ -426,7 +439,7 @@ void bm_recall(benchmark::State& state) {
   });
   const double bytes = double(items) * blk * sizeof(T);
   state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
-  share_of(state, "of_h2d", bytes, g_h2d);
+  share_of(state, "of_h2d", bytes, g_h2d, seconds);
 }
 
 // Fixed counts: each iteration flushes L2 first, so the time-based count would run far too long.

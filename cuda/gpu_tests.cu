@@ -172,8 +172,8 @@ TEST_CASE("segmented_topk matches the CPU reference, ties and NaN included", "[c
   const unsigned seed = GENERATE(1u, 2u, 3u);
   const int segments = GENERATE(1, 7, 300);
   const int levels = GENERATE(3, 1000000);  // few levels: many ties
-  // segments up to 70000 scores: with 1 or 7 segments their average passes
-  // detail::topk_long_segment, and the 1024-thread kernel runs
+  // segments up to 70000 scores: with 1 segment the average passes detail::topk_long_segment
+  // and the 1024-thread kernel runs (several long segments: the next test)
   const int longest = GENERATE(5000, 70000);
   CAPTURE(seed, segments, levels, longest);
   std::mt19937 rng(seed);
@@ -206,6 +206,36 @@ TEST_CASE("segmented_topk matches the CPU reference, ties and NaN included", "[c
                      d_off.data(), d_out_off.data(), d_out.data());
   st.synchronize();
   CHECK(download(d_out) == topk_reference(scores, off, out_off));
+}
+
+TEST_CASE("segmented_topk's 1024-thread kernel: several long segments, one empty, ties",
+          "[cuda][topk]") {
+  KVSIFT_REQUIRE_GPU();
+  const unsigned seed = GENERATE(4u, 5u);
+  std::mt19937 rng(seed);
+  const std::vector<i32> sizes{50000, 0, 40000, 30001, 17};  // average >= topk_long_segment
+  std::vector<i32> kept;
+  for (const i32 n : sizes) kept.push_back(std::uniform_int_distribution<i32>(0, n)(rng));
+  const auto off = csr(sizes);
+  const auto out_off = csr(kept);
+  REQUIRE(off.back() / static_cast<i32>(sizes.size()) >= kc::detail::topk_long_segment);
+  std::vector<float> scores(off.back());
+  std::uniform_int_distribution<int> level(0, 999);  // 1000 levels: ties at every threshold
+  for (auto& x : scores) x = static_cast<float>(level(rng));
+  for (std::size_t i = 3; i < scores.size(); i += 101) {
+    scores[i] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const auto plan = kc::make_segmented_topk_plan(off.back(), sizes.size(), out_off.back());
+  auto d_scores = upload(scores);
+  auto d_off = upload(off);
+  auto d_out_off = upload(out_off);
+  kc::device_buffer<i32> d_out(std::max(out_off.back(), 1));
+  kc::segmented_topk(kc::par{}, plan, nullptr, 0, d_scores.data(), d_off.data(),
+                     d_out_off.data(), d_out.data());
+  kc::check(cudaDeviceSynchronize(), "test");
+  auto got = download(d_out);
+  got.resize(static_cast<std::size_t>(out_off.back()));
+  CHECK(got == topk_reference(scores, off, out_off));
 }
 
 namespace {
@@ -464,6 +494,8 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
   }
   plan.merge_in_kernel = form != 3;
   kc::device_buffer<std::byte> ws(std::max<std::size_t>(plan.workspace_bytes, 1));
+  // garbage first: prepare must zero what the in-kernel merge counts with
+  kc::check(cudaMemset(ws.data(), 0xff, ws.bytes()), "test");
   kc::prepare_sparse_attention_workspace(kc::par{}, plan, ws.data());
   const auto run = [&](const auto& view, const auto& set) {
     if (form == 0) {

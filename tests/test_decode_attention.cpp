@@ -7,7 +7,9 @@
 // the lane and prefetch boundaries and across the AVX2 path's 2048-row chunks.
 
 #include <kvsift/attention/reference.hpp>
+#include <kvsift/cpu/attention_rows.hpp>
 #include <kvsift/cpu/decode_attention.hpp>
+#include <kvsift/cpu/group_dots.hpp>
 #include <kvsift/store/dense.hpp>
 
 #include <catch2/catch_template_test_macros.hpp>
@@ -15,6 +17,8 @@
 #include <catch2/generators/catch_generators.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <cstddef>
 #include <random>
@@ -241,5 +245,110 @@ TEMPLATE_TEST_CASE("attend_plan gives the same output on both paths, ragged plan
         [&](int i) { return store.value(seq, slots[i]); }, row.data());
     require_close(std::vector<float>(b.begin() + h * 64, b.begin() + (h + 1) * 64), row, 2e-5,
                   "head " + std::to_string(h));
+  }
+}
+
+TEMPLATE_TEST_CASE("attend_plan_batch equals attend_plan per token; a bad token rejects the batch",
+                   "[decode_attention]", float, bfloat16) {
+  // three requests of different lengths; the batch lists them out of order and one twice
+  const kvsift::model_shape shape{.layers = 2, .q_heads = 6, .kv_heads = 3, .head_dim = 32};
+  kvsift::store::dense<TestType> store(shape, 3, 400);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int lens[3] = {300, 7, 129};
+  for (int r = 0; r < 3; ++r) {
+    for (int layer = 0; layer < 2; ++layer) {
+      std::vector<TestType> k(static_cast<std::size_t>(lens[r]) * 3 * 32), v(k.size());
+      for (auto& x : k) x = kvsift::from_float<TestType>(nd(rng));
+      for (auto& x : v) x = kvsift::from_float<TestType>(nd(rng));
+      using view = kvsift::kv_view<const TestType, kvsift::nhd>;
+      store.append(r, layer, view::contiguous(k.data(), lens[r], 3, 32),
+                   view::contiguous(v.data(), lens[r], 3, 32), 0);
+    }
+  }
+  const std::vector<int> requests{2, 0, 1, 0};
+  kvsift::index_sets plan;
+  for (const int r : requests) {
+    for (int h = 0; h < 3; ++h) {  // ragged: every (h + 1)-th row, an empty set for h = 2 of r 1
+      std::vector<std::int32_t> set;
+      for (int i = h; i < lens[r] && !(r == 1 && h == 2); i += h + 1) set.push_back(i);
+      plan.push_back(set);
+    }
+  }
+  const std::size_t per = 6 * 32;
+  std::vector<float> q(requests.size() * per);
+  for (float& x : q) x = nd(rng);
+  const auto request_of = [&](std::size_t i) { return requests[i]; };
+  const auto query_of = [&](std::size_t i) { return q.data() + i * per; };
+  std::vector<float> batch(q.size(), -7.0f), single(q.size(), -7.0f);
+  kvsift::attention::attend_plan_batch(store, 1, requests.size(), request_of, query_of, plan,
+                                       batch.data());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    kvsift::attention::attend_plan(store, requests[i], 1, q.data() + i * per, plan,
+                                   single.data() + i * per, static_cast<int>(i) * 3);
+  }
+  REQUIRE(batch == single);  // the same kernel per (token, head): identical bits
+  REQUIRE(std::none_of(batch.begin(), batch.end(), [](float x) { return x == -7.0f; }));
+  // token 2 (request 1, 7 rows) given a slot past its length: nothing is written
+  auto bad = plan;
+  bad.values[static_cast<std::size_t>(bad.offsets[2 * 3])] = 7;
+  std::vector<float> untouched(q.size(), -7.0f);
+  REQUIRE_THROWS_AS(kvsift::attention::attend_plan_batch(store, 1, requests.size(), request_of,
+                                                         query_of, bad, untouched.data()),
+                    kvsift::error);
+  REQUIRE(std::all_of(untouched.begin(), untouched.end(), [](float x) { return x == -7.0f; }));
+}
+
+TEMPLATE_TEST_CASE("group_dots and attention_rows_over equal dot and attention_row_over bit for bit",
+                   "[decode_attention]", float, bfloat16, half) {
+  using T = TestType;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (const int d : {8, 12, 20, 64, 128}) {
+    for (const int G : {1, 3, 4, 6, 9}) {
+      std::vector<float> q(static_cast<std::size_t>(G) * d);
+      std::vector<T> k(static_cast<std::size_t>(d));
+      for (int rep = 0; rep < 20; ++rep) {
+        for (float& x : q) x = nd(rng);
+        for (auto& x : k) x = kvsift::from_float<T>(nd(rng));
+        for (const cpu::simd level : {cpu::simd::portable, cpu::simd::avx2, cpu::simd::avx512}) {
+          if (level > cpu::detected_simd()) continue;
+          std::vector<float> got(static_cast<std::size_t>(G));
+          cpu::group_dots(q.data(), G, k.data(), d, got.data(), level);
+          for (int g = 0; g < G; ++g) {
+            const float want = kvsift::dot(q.data() + static_cast<std::size_t>(g) * d, k.data(), d);
+            CAPTURE(d, G, g, rep, cpu::simd_name(level));
+            REQUIRE(std::bit_cast<std::uint32_t>(got[g]) == std::bit_cast<std::uint32_t>(want));
+          }
+        }
+      }
+    }
+  }
+  // the rows of a group over a store's slots, against one head at a time
+  const kvsift::model_shape shape{.layers = 1, .q_heads = 12, .kv_heads = 2, .head_dim = 20};
+  kvsift::store::dense<T> store(shape, 1, 300);
+  const int n = 257;
+  std::vector<T> kk(static_cast<std::size_t>(n) * 2 * 20), vv(kk.size());
+  for (auto& x : kk) x = kvsift::from_float<T>(nd(rng));
+  for (auto& x : vv) x = kvsift::from_float<T>(nd(rng));
+  using view = kvsift::kv_view<const T, kvsift::nhd>;
+  store.append(0, 0, view::contiguous(kk.data(), n, 2, 20), view::contiguous(vv.data(), n, 2, 20), 0);
+  std::vector<std::int32_t> slots;
+  for (int i = 0; i < n; i += 2) slots.push_back(i);
+  std::vector<float> q(6 * 20);
+  for (float& x : q) x = nd(rng);
+  const auto seq = shape.sequence(0, 0, 1);
+  std::vector<float> rows(6 * slots.size()), one(slots.size());
+  for (const cpu::simd level : {cpu::simd::portable, cpu::simd::avx2}) {
+    if (level > cpu::detected_simd()) continue;
+    const pin p(level);
+    cpu::attention_rows_over(store, seq, q.data(), 6, slots, rows);
+    for (int g = 0; g < 6; ++g) {
+      cpu::attention_row_over(store, seq, q.data() + g * 20, slots, one);
+      for (std::size_t i = 0; i < slots.size(); ++i) {
+        REQUIRE(std::bit_cast<std::uint32_t>(rows[g * slots.size() + i]) ==
+                std::bit_cast<std::uint32_t>(one[i]));
+      }
+    }
   }
 }

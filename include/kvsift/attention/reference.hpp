@@ -42,6 +42,59 @@ void attend_row(const float* q, int d, int count, KeyAt&& key, ValueAt&& value, 
   }
 }
 
+namespace detail {
+
+// The boundary of a plan attention: (request, layer) exist, q and out are arrays, and the plan's
+// segments first_segment .. + kv_heads - 1 name resident slots of that request. O(slots).
+template <class Store>
+void check_plan_rows(const Store& store, int request, int layer, const float* q,
+                     const index_sets& plan, const float* out, int first_segment) {
+  const model_shape& sh = store.shape();
+  constexpr std::string_view where = "attention::attend_plan";
+  require(request >= 0 && request < store.requests(), where, "request", request,
+          [&] { return "in [0, " + std::to_string(store.requests()) + ")"; });
+  require(layer >= 0 && layer < sh.layers, where, "layer", layer,
+          [&] { return "in [0, " + std::to_string(sh.layers) + ")"; });
+  require(q != nullptr && out != nullptr, where, q == nullptr ? "q" : "out", "null",
+          "a [q_heads, d] array");
+  require(first_segment >= 0 && first_segment + sh.kv_heads <= plan.segments(), where,
+          "first_segment", first_segment, [&] {
+            return "a run of kv_heads = " + std::to_string(sh.kv_heads) +
+                   " segments within the plan's " + std::to_string(plan.segments());
+          });
+  for (int h = 0; h < sh.kv_heads; ++h) {  // this request's segments only
+    const int n = store.length(sh.sequence(request, layer, h));
+    const auto seg = plan[first_segment + h];
+    for (std::size_t i = 0; i < seg.size(); ++i) {
+      require(seg[i] >= 0 && seg[i] < n, where,
+              [&] {
+                return "plan[" + std::to_string(first_segment + h) + "][" + std::to_string(i) + "]";
+              },
+              seg[i], [&] { return "a resident slot in [0, " + std::to_string(n) + ")"; });
+    }
+  }
+}
+
+// KV head h of one request's plan attention (its GQA group of query heads).
+template <class Store>
+void attend_plan_head(const Store& store, int request, int layer, const float* q,
+                      const index_sets& plan, float* out, int first_segment, int h) {
+  const model_shape& sh = store.shape();
+  const int G = sh.group_size();
+  const int d = sh.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto seq = sh.sequence(request, layer, h);
+  const auto slots = plan[first_segment + h];
+  thread_local std::vector<float> logits;
+  cpu::attend_group<typename Store::element_type>(
+      q + static_cast<std::size_t>(h) * G * d, G, d, slots.size(),
+      [&](std::size_t j) { return store.key(seq, slots[j]); },
+      [&](std::size_t j) { return store.value(seq, slots[j]); },
+      out + static_cast<std::size_t>(h) * G * d, scale, logits);
+}
+
+}  // namespace detail
+
 // Decode attention of one request's step over a plan: q [q_heads, d]; the plan holds one
 // ascending slot set per KV head, segments first_segment .. first_segment + kv_heads - 1 (a
 // batch's plan holds every request's heads in turn); out [q_heads, d]. Each KV row is read once
@@ -49,47 +102,43 @@ void attend_row(const float* q, int d, int count, KeyAt&& key, ValueAt&& value, 
 template <class Store>
 void attend_plan(const Store& store, int request, int layer, const float* q,
                  const index_sets& plan, float* out, int first_segment = 0) {
+  detail::check_plan_rows(store, request, layer, q, plan, out, first_segment);
   const model_shape& sh = store.shape();
-  {  // the boundary: the plan must name resident slots of (request, layer); O(slots) to check
-    constexpr std::string_view where = "attention::attend_plan";
-    require(request >= 0 && request < store.requests(), where, "request", request,
-            [&] { return "in [0, " + std::to_string(store.requests()) + ")"; });
-    require(layer >= 0 && layer < sh.layers, where, "layer", layer,
-            [&] { return "in [0, " + std::to_string(sh.layers) + ")"; });
-    require(q != nullptr && out != nullptr, where, q == nullptr ? "q" : "out", "null",
-            "a [q_heads, d] array");
-    require(first_segment >= 0 && first_segment + sh.kv_heads <= plan.segments(), where,
-            "first_segment", first_segment, [&] {
-              return "a run of kv_heads = " + std::to_string(sh.kv_heads) +
-                     " segments within the plan's " + std::to_string(plan.segments());
-            });
-    for (int h = 0; h < sh.kv_heads; ++h) {  // this request's segments only
-      const int n = store.length(sh.sequence(request, layer, h));
-      const auto seg = plan[first_segment + h];
-      for (std::size_t i = 0; i < seg.size(); ++i) {
-        require(seg[i] >= 0 && seg[i] < n, where,
-                [&] {
-                  return "plan[" + std::to_string(first_segment + h) + "][" + std::to_string(i) + "]";
-                },
-                seg[i], [&] { return "a resident slot in [0, " + std::to_string(n) + ")"; });
-      }
-    }
+  const std::int64_t work =
+      static_cast<std::int64_t>(plan.size(first_segment)) * sh.head_dim * (sh.group_size() + 1);
+  cpu::parallel_for(sh.kv_heads, [&](std::int64_t h) {
+    detail::attend_plan_head(store, request, layer, q, plan, out, first_segment,
+                             static_cast<int>(h));
+  }, cpu::par, work);
+}
+
+// A batch's decode attention in one parallel loop over every (token, KV head): token i is
+// request request_of(i) with query query_of(i) [q_heads, d] over plan segments i * kv_heads ..
+// (i + 1) * kv_heads - 1, writing out + i * q_heads * d. The same output as attend_plan per
+// token, without a parallel region per request: a batch of short plans fills the threads once.
+// Every token's rows are checked before any is computed.
+template <class Store, class RequestOf, class QueryOf>
+void attend_plan_batch(const Store& store, int layer, std::size_t tokens, RequestOf&& request_of,
+                       QueryOf&& query_of, const index_sets& plan, float* out) {
+  const model_shape& sh = store.shape();
+  const std::size_t out_stride = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
+  for (std::size_t i = 0; i < tokens; ++i) {
+    detail::check_plan_rows(store, request_of(i), layer, query_of(i), plan, out + i * out_stride,
+                            static_cast<int>(i) * sh.kv_heads);
   }
-  const int G = sh.group_size();
-  const int d = sh.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const std::int64_t work = static_cast<std::int64_t>(plan.size(first_segment)) * d * (G + 1);
-  using T = typename Store::element_type;
-  cpu::parallel_for(sh.kv_heads, [&](std::int64_t h64) {
-    const int h = static_cast<int>(h64);
-    const auto seq = sh.sequence(request, layer, h);
-    const auto slots = plan[first_segment + h];
-    thread_local std::vector<float> logits;
-    cpu::attend_group<T>(
-        q + static_cast<std::size_t>(h) * G * d, G, d, slots.size(),
-        [&](std::size_t j) { return store.key(seq, slots[j]); },
-        [&](std::size_t j) { return store.value(seq, slots[j]); },
-        out + static_cast<std::size_t>(h) * G * d, scale, logits);
+  const std::int64_t jobs = static_cast<std::int64_t>(tokens) * sh.kv_heads;
+  if (jobs == 0) {
+    return;
+  }
+  // elements touched per (token, KV head), on average: a batch of short plans still runs in
+  // parallel once their sum is worth a region
+  const std::int64_t work = static_cast<std::int64_t>(plan.values.size()) * sh.head_dim *
+                            (sh.group_size() + 1) / jobs;
+  cpu::parallel_for(jobs, [&](std::int64_t job) {
+    const auto i = static_cast<std::size_t>(job / sh.kv_heads);
+    detail::attend_plan_head(store, request_of(i), layer, query_of(i), plan,
+                             out + i * out_stride, static_cast<int>(i) * sh.kv_heads,
+                             static_cast<int>(job % sh.kv_heads));
   }, cpu::par, work);
 }
 

@@ -21,8 +21,8 @@
 // registers, then computes: all dot products from the K words, then the V words; at 128
 // registers a thread, 4 blocks fit on an SM. (A cp.async ring in shared memory, which keeps the
 // next iteration's rows in flight during the compute, is kept as a variant the GPU benchmark
-// compares: attention_pipeline. On an H200, 2026-11-27, it was not faster beyond run-to-run
-// spread.) Each lane-group keeps its
+// compares: attention_pipeline. On an H200, 2026-11-27, a 3-stage ring was 5-10% faster in one
+// run and 1% slower in another; the register pipeline is the one the GPU tests run.) Each lane-group keeps its
 // own running max, sum and accumulator; the block merges them through shared memory. With more
 // than one split, each chunk writes its partial result to the caller's workspace and a second
 // kernel merges them, or (plan.merge_in_kernel) the last chunk of each head tile to finish does,
@@ -729,24 +729,36 @@ void sparse_decode_attention(par policy, const typename Kv::element_type* q, con
   detail::run_attention(where, policy, q, kv, set, shape, 1, 0, out, {});
 }
 
-// Zeroes a split launch's workspace on the stream (the in-kernel merge's arrival counters):
-// once, after allocating it and before its first launch. Every launch leaves it zeroed again, so
-// a captured graph replays without it.
+// Zeroes the arrival counters of a split launch's workspace on the stream, where the plan puts
+// them (the size is the plan's shape's, never its workspace_bytes field): needed by
+// plan.merge_in_kernel only, once after allocating the workspace and again after it served
+// another plan. Every launch leaves the counters at zero, so a captured graph replays without it.
 inline void prepare_sparse_attention_workspace(par policy, const sparse_attention_plan& plan,
                                                void* workspace) {
-  if (plan.workspace_bytes > 0) {
-    require(workspace != nullptr, "cuda::prepare_sparse_attention_workspace", "workspace",
-            "null", "a device array of plan.workspace_bytes");
-    check(cudaMemsetAsync(workspace, 0, plan.workspace_bytes, policy.stream),
-          "cuda::prepare_sparse_attention_workspace");
+  constexpr const char* where = "cuda::prepare_sparse_attention_workspace";
+  if (detail::attention_workspace_bytes(plan) == 0) {
+    return;  // one split: no partials, no counters
   }
+  require(workspace != nullptr &&
+              reinterpret_cast<std::uintptr_t>(workspace) % workspace_alignment == 0,
+          where, "workspace", workspace == nullptr ? "null" : "not 256-byte aligned",
+          "a 256-byte aligned device array of the plan's workspace_bytes");
+  const std::int64_t tiles =
+      detail::attention_tiles(plan.num_requests, plan.num_q_heads, plan.num_kv_heads);
+  const detail::attention_parts parts = detail::carve_attention_parts(
+      workspace, plan.num_splits, std::int64_t{plan.num_requests} * plan.num_q_heads,
+      plan.head_dim, tiles);
+  check(cudaMemsetAsync(parts.arrivals, 0, static_cast<std::size_t>(tiles) * sizeof(unsigned),
+                        policy.stream),
+        where);
 }
 
 // The split form: `plan` from make_sparse_attention_plan with this launch's shape, head_dim and
-// KV heads; `workspace` of at least plan.workspace_bytes (any pointer when that is 0), zeroed
-// once by prepare_sparse_attention_workspace and reused by every step. One kernel (the last
-// chunk of each head tile merges the tile), or with plan.merge_in_kernel = false two (chunks,
-// then a merge kernel); no allocation or synchronisation either way.
+// KV heads; `workspace` of at least plan.workspace_bytes (any pointer when that is 0), reused
+// by every step of this plan. Two kernels (the chunks, then a merge kernel), or with
+// plan.merge_in_kernel one (the last chunk of each head tile to finish merges it; the workspace
+// must then have been through prepare_sparse_attention_workspace for this plan). No
+// allocation or synchronisation either way.
 template <KvView Kv, class Set>
   requires std::same_as<Set, token_set> || std::same_as<Set, page_set>
 void sparse_decode_attention(par policy, const sparse_attention_plan& plan, void* workspace,

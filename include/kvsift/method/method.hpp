@@ -228,12 +228,9 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     binding_.check(where, layer, tokens, plan_.requests, true);
     require(out != nullptr || tokens.empty(), where, "out", "null",
             "a [tokens, q_heads, d] output array");
-    const auto& sh = store_->shape();
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      attention::attend_plan(*store_, tokens[i].request, layer, tokens[i].query, plan_.slots,
-                             out + i * static_cast<std::size_t>(sh.q_heads) * sh.head_dim,
-                             static_cast<int>(i) * sh.kv_heads);
-    }
+    attention::attend_plan_batch(
+        *store_, layer, tokens.size(), [&](std::size_t i) { return tokens[i].request; },
+        [&](std::size_t i) { return tokens[i].query; }, plan_.slots, out);
   }
   void attend(int layer, const decode_token<element_type>& token, float* out) const {
     attend(layer, std::span<const decode_token<element_type>>(&token, 1), out);

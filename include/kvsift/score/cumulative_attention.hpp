@@ -100,10 +100,9 @@ struct cumulative_attention {
       thread_local std::vector<float> rows, reduced;  // scratch: nothing allocated once warm
       rows.resize(static_cast<std::size_t>(G) * slots.size());
       reduced.resize(slots.size());
-      for (int g = 0; g < G; ++g) {
-        cpu::attention_row_over(store, seq, q + static_cast<std::size_t>(h * G + g) * d, slots,
-                                std::span<float>(rows.data() + g * slots.size(), slots.size()));
-      }
+      // every query head of the group in one pass over the keys, in dot's exact bits
+      cpu::attention_rows_over(store, seq, q + static_cast<std::size_t>(h) * G * d, G, slots,
+                               rows);
       cpu::reduce_group(rows, G, reduced, p.gqa);
       for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
     }, cpu::par, work);
