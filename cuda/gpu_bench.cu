@@ -225,63 +225,61 @@ double measure_rate(double bytes, int reps, F&& launch) {
 
 // Segmented top-k: segments of n scores keeping k = n / 10 each (range(0) = n, range(1) =
 // segments), the shapes cuda/torch_reference.py gives torch.topk.
-void bm_segmented_topk(benchmark::State& state) {
-  const i32 n = static_cast<i32>(state.range(0));
-  const i32 segments = static_cast<i32>(state.range(1));
-  const i32 k = n / 10;
-  kc::device_buffer<float> d_scores(std::size_t(n) * segments);
-  fill(d_scores, 3);
-  std::vector<i32> off(segments + 1), out_off(segments + 1);
-  for (i32 s = 0; s <= segments; ++s) {
-    off[s] = s * n;
-    out_off[s] = s * k;
+struct topk_case {
+  i32 n, segments, k;
+  kc::device_buffer<float> scores;
+  kc::device_buffer<i32> off, out_off, out;
+  kc::segmented_topk_plan plan;
+
+  explicit topk_case(const benchmark::State& state)
+      : n(static_cast<i32>(state.range(0))), segments(static_cast<i32>(state.range(1))),
+        k(n / 10), scores(std::size_t(n) * segments), out(std::size_t(k) * segments),
+        plan(kc::make_segmented_topk_plan(std::int64_t{n} * segments, segments,
+                                          std::int64_t{k} * segments)) {
+    fill(scores, 3);
+    std::vector<i32> o(segments + 1), oo(segments + 1);
+    for (i32 s = 0; s <= segments; ++s) {
+      o[s] = s * n;
+      oo[s] = s * k;
+    }
+    off = upload(o);
+    out_off = upload(oo);
   }
-  auto d_off = upload(off);
-  auto d_out_off = upload(out_off);
-  kc::device_buffer<i32> out(std::size_t(k) * segments);
-  const auto plan = kc::make_segmented_topk_plan(n * segments, segments, k * segments);
-  kc::device_buffer<std::byte> ws(plan.workspace_bytes);
+  // the library's top-k into `into`
+  void run(cudaStream_t st, i32* into) const {
+    kc::segmented_topk(kc::par{st}, plan, nullptr, 0, scores.data(), off.data(), out_off.data(),
+                       into);
+  }
+  [[nodiscard]] double bytes() const { return double(n) * segments * sizeof(float); }
+};
+
+void bm_segmented_topk(benchmark::State& state) {
+  topk_case c(state);
   kc::stream st;
-  const double seconds = time_with_events(state, st.get(), [&] {
-    kc::segmented_topk(kc::par{st.get()}, plan, ws.data(), ws.size(), d_scores.data(),
-                       d_off.data(), d_out_off.data(), out.data());
-  });
-  const double bytes = double(n) * segments * sizeof(float);
-  state.SetItemsProcessed(state.iterations() * std::int64_t{n} * segments);
-  state.SetBytesProcessed(state.iterations() * std::int64_t(bytes));
-  share_of(state, "of_hbm", bytes, g_hbm_read, seconds);
+  const double seconds =
+      time_with_events(state, st.get(), [&] { c.run(st.get(), c.out.data()); });
+  state.SetItemsProcessed(state.iterations() * std::int64_t{c.n} * c.segments);
+  state.SetBytesProcessed(state.iterations() * std::int64_t(c.bytes()));
+  share_of(state, "of_hbm", c.bytes(), g_hbm_read, seconds);
 }
 
 // The top-k kernel at a given block size on the same segments (the library picks 256 or 1024 by
-// the average segment length, detail::topk_long_segment).
+// the average segment length, detail::topk_long_segment), checked against the library's.
 template <int Block, bool WarpAggregated>
 void bm_topk_block(benchmark::State& state) {
-  const i32 n = static_cast<i32>(state.range(0));
-  const i32 segments = static_cast<i32>(state.range(1));
-  const i32 k = n / 10;
-  kc::device_buffer<float> d_scores(std::size_t(n) * segments);
-  fill(d_scores, 3);
-  std::vector<i32> off(segments + 1), out_off(segments + 1);
-  for (i32 s = 0; s <= segments; ++s) {
-    off[s] = s * n;
-    out_off[s] = s * k;
-  }
-  auto d_off = upload(off);
-  auto d_out_off = upload(out_off);
-  kc::device_buffer<i32> out(std::size_t(k) * segments), ref(out.size());
+  topk_case c(state);
+  kc::device_buffer<i32> ref(c.out.size());
   kc::stream st;
   time_with_events(state, st.get(), [&] {
-    kc::detail::radix_topk_kernel<float, Block, WarpAggregated><<<segments, Block, 0, st.get()>>>(
-        d_scores.data(), d_off.data(), d_out_off.data(), segments, out.data());
+    kc::detail::radix_topk_kernel<float, Block, WarpAggregated><<<c.segments, Block, 0, st.get()>>>(
+        c.scores.data(), c.off.data(), c.out_off.data(), c.segments, c.out.data());
   });
-  const auto plan = kc::make_segmented_topk_plan(n * segments, segments, k * segments);
-  kc::segmented_topk(kc::par{st.get()}, plan, nullptr, 0, d_scores.data(), d_off.data(),
-                     d_out_off.data(), ref.data());
+  c.run(st.get(), ref.data());
   kc::check(cudaStreamSynchronize(st.get()), "bench topk check");
-  if (download(out) != download(ref)) {
+  if (download(c.out) != download(ref)) {
     state.SkipWithError("block-size variant differs from the library's top-k");
   }
-  state.SetItemsProcessed(state.iterations() * std::int64_t{n} * segments);
+  state.SetItemsProcessed(state.iterations() * std::int64_t{c.n} * c.segments);
 }
 
 // Sparse decode attention, Llama-3.1-8B layer: 8 KV heads, 32 query heads, d = 128, a dense NHD

@@ -54,6 +54,9 @@
 #endif
 #define KVSIFT_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define KVSIFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+// AVX2 without FMA: code whose products must round on their own (cpu/group_dots.hpp), and the
+// loads both kinds inline (a callee's target must be a subset of its caller's)
+#define KVSIFT_TARGET_AVX2_NOFMA __attribute__((target("avx2,f16c")))
 #else
 #define KVSIFT_HAVE_X86_SIMD_PATH 0
 #endif
@@ -417,7 +420,7 @@ namespace avx2 {
 
 // 8 elements as floats: bf16 is the upper half of a binary32 (a shift), f16 converts exactly.
 template <Element T>
-KVSIFT_TARGET_AVX2 inline __m256 load8(const T* p) {
+KVSIFT_TARGET_AVX2_NOFMA inline __m256 load8(const T* p) {
   if constexpr (std::is_same_v<T, float>) {
     return _mm256_loadu_ps(p);
   } else if constexpr (std::is_same_v<T, bfloat16>) {

@@ -23,20 +23,7 @@ namespace kvsift::cpu {
 namespace detail {
 
 #if KVSIFT_HAVE_X86_SIMD_PATH
-#define KVSIFT_TARGET_AVX2_NOFMA __attribute__((target("avx2,f16c")))
 namespace exact {
-
-template <Element T>
-KVSIFT_TARGET_AVX2_NOFMA inline __m256 load8(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_loadu_ps(p);
-  } else if constexpr (std::is_same_v<T, bfloat16>) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  } else {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-}
 
 template <Element T>
 KVSIFT_TARGET_AVX2_NOFMA void group_dots(const float* q, int G, const T* k, int d, float* out) {
@@ -46,7 +33,7 @@ KVSIFT_TARGET_AVX2_NOFMA void group_dots(const float* q, int G, const T* k, int 
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     for (int c = 0; c < body; c += 8) {
-      const __m256 kv = load8(k + c);
+      const __m256 kv = avx2::load8(k + c);
       for (int g = 0; g < gc; ++g) {
         const __m256 qv = _mm256_loadu_ps(q + static_cast<std::size_t>(g0 + g) * d + c);
         acc[g] = _mm256_add_ps(acc[g], _mm256_mul_ps(qv, kv));
@@ -66,7 +53,6 @@ KVSIFT_TARGET_AVX2_NOFMA void group_dots(const float* q, int G, const T* k, int 
 }
 
 }  // namespace exact
-#undef KVSIFT_TARGET_AVX2_NOFMA
 #endif
 
 }  // namespace detail
