@@ -125,6 +125,23 @@ concept KvStore =
       s.retain(request, layer, kept);
     };
 
+// DeviceStore: a one-tier store whose rows live in a device exec's memory
+// (thrust::dense_store). The host sees shapes only (lengths, capacities, next positions: a host
+// shadow, never read back); rows, positions and per-slot side columns are read and written by
+// the exec's algorithms. method<> runs over one with a device exec (thrust/evict.hpp).
+template <class S>
+concept DeviceStore =
+    Element<typename S::element_type> && MemorySpace<typename S::memory_space> &&
+    !HostAccessible<typename S::memory_space> &&
+    requires(const S& cs, std::int64_t seq, int request, int layer) {
+      { cs.shape() } -> std::convertible_to<model_shape>;
+      { cs.requests() } -> std::convertible_to<int>;
+      { cs.length(seq) } -> std::convertible_to<int>;
+      { cs.capacity(seq) } -> std::convertible_to<int>;
+      { cs.next_position(request, layer) } -> std::convertible_to<std::int32_t>;
+      { cs.resident_bytes() } -> std::convertible_to<std::int64_t>;
+    };
+
 // TieredStore: a KvStore with a second tier (store::tiered): every token lives in a host pool,
 // a working set of it is resident; demote/promote/install move tokens between the two.
 template <class S>

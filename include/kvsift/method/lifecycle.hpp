@@ -30,24 +30,26 @@ struct capabilities {
   bool speculative_decoding = false;     // decode steps may be rolled back
 };
 
-// One request's prompt chunk for one layer.
-template <Element T>
+// One request's prompt chunk for one layer. Its views are host memory for a method on
+// exec::host, and the exec's memory for a device exec (method<...>::chunk_type).
+template <Element T, MemorySpace Space = host_space>
 struct prefill_chunk {
   int request = 0;
-  kv_view<const T, nhd> keys;        // [tokens, kv_heads, d] (keys after RoPE)
-  kv_view<const T, nhd> values;      // [tokens, kv_heads, d]
+  kv_view<const T, nhd, Space> keys;    // [tokens, kv_heads, d] (keys after RoPE)
+  kv_view<const T, nhd, Space> values;  // [tokens, kv_heads, d]
   // [nq, q_heads, d]: the queries of the chunk's LAST nq tokens (0 <= nq <= tokens), or empty
   // when the scorer needs none. Engines usually keep only the observation window, so a chunk may
   // carry just its newest queries (query i sits at position first_position + tokens - nq + i).
   // A scorer that reads every prompt query (H2O, query_window() < 0) needs nq == tokens; one
   // reading the newest w queries needs, on the `last` chunk, min(w, prompt tokens) queries that
   // end at the prompt's last token (this chunk's, continued by earlier chunks' when contiguous).
-  kv_view<const float, nhd> queries;
+  kv_view<const float, nhd, Space> queries;
   std::int32_t first_position = 0;   // original position of the chunk's first token
   bool last = true;                  // the prompt ends with this chunk
 };
 
-// One request's decode token for one layer.
+// One request's decode token for one layer: host arrays for a method on exec::host, the exec's
+// memory for a device exec.
 template <Element T>
 struct decode_token {
   int request = 0;

@@ -49,7 +49,22 @@
 
 namespace kvsift {
 
-template <KvStore Store_, class Recipe_, Exec Exec_ = exec::host>
+namespace detail {
+// The plan a schedule's state fills: attention_plan (host memory), or the state's own plan type
+// (a device schedule's plan lives in the exec's memory: thrust::device_plan).
+template <class State>
+struct plan_type_of {
+  using type = attention_plan;
+};
+template <class State>
+  requires requires { typename State::plan_type; }
+struct plan_type_of<State> {
+  using type = typename State::plan_type;
+};
+}  // namespace detail
+
+template <class Store_, class Recipe_, Exec Exec_ = exec::host>
+  requires KvStore<Store_> || DeviceStore<Store_>
 class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec_>>::type {
   using schedule_tag = typename Recipe_::schedule;
   using state_type = typename schedule_tag::template state<Store_, Recipe_>;
@@ -68,6 +83,12 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   using exec_type = Exec_;
   using store_type = Store_;
   using element_type = typename Store_::element_type;
+  // Where the arrays handed to prefill() and decode() live: host memory on exec::host, the
+  // exec's memory on a device exec (exec::sim, cuda).
+  using view_space =
+      std::conditional_t<Exec_::host_visible, host_space, typename Exec_::memory_space>;
+  using chunk_type = prefill_chunk<element_type, view_space>;
+  using plan_type = typename detail::plan_type_of<state_type>::type;
   using scorer = typename Recipe_::scorer;
   using selector = typename Recipe_::selector;
   using budgeter = typename Recipe_::budgeter;
@@ -116,7 +137,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   {
     return sched_.transfer();
   }
-  [[nodiscard]] const attention_plan& plan() const { return plan_; }
+  [[nodiscard]] const plan_type& plan() const { return plan_; }
   // Decode steps of (request, layer) since its prompt ended.
   [[nodiscard]] int step(int request, int layer) const {
     return sched_.steps(checked_slot(std::string(Recipe_::name) + ".step", request, layer));
@@ -125,7 +146,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   // 1. Appends each request's chunk, then runs the schedule's round for the requests whose
   // chunk is `last` (and between chunks when the trigger says so). Every chunk is validated
   // before anything is appended.
-  void prefill(int layer, std::span<const prefill_chunk<element_type>> chunks) {
+  void prefill(int layer, std::span<const chunk_type> chunks) {
     static const std::string where = std::string(Recipe_::name) + ".prefill";
     const auto& sh = store_->shape();
     check_layer(where, layer);
@@ -147,7 +168,9 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
         if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
       }
       sched_.check_chunk(*this, where, layer, c, tot);  // query counts, prompt state, room
-      require_finite(where, c, caps.needs_queries);     // after every view and count: it reads them
+      // after every view and count: it reads them. A device exec's chunk is not host memory:
+      // its store checks the values on the device (thrust::dense_store::check()).
+      if constexpr (Exec_::host_visible) require_finite(where, c, caps.needs_queries);
       const auto next = tot.next[c.request] >= 0 ? tot.next[c.request]
                                                  : store_->next_position(c.request, layer);
       require(c.first_position >= next, where, "first_position", c.first_position,
@@ -159,8 +182,8 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     sched_.check_prefill(*this, where, layer, chunks, tot);  // budgets of the prompts that end
     sched_.prefill(*this, layer, chunks);
   }
-  void prefill(int layer, const prefill_chunk<element_type>& chunk) {
-    prefill(layer, std::span<const prefill_chunk<element_type>>(&chunk, 1));
+  void prefill(int layer, const chunk_type& chunk) {
+    prefill(layer, std::span<const chunk_type>(&chunk, 1));
   }
 
   // 2. The step's host part: validates the batch (each request at most once, its token's
@@ -193,7 +216,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
                 "[kv_heads, d] arrays");
         require(!caps.needs_queries || t.query != nullptr, where, "query", "null",
                 "a [q_heads, d] array (this method scores queries)");
-        require_finite(where, i, t, sh, caps.needs_queries);
+        if constexpr (Exec_::host_visible) require_finite(where, i, t, sh, caps.needs_queries);
       }
     } catch (...) {
       clear_batch(tokens, i);
@@ -205,7 +228,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   }
   // 2. The step's store part: installs what the schedule recalled, appends each request's token
   // and returns the step's plan.
-  const attention_plan& run_decode(const decode_step& step) {
+  const plan_type& run_decode(const decode_step& step) {
     binding_.unbind();
     plan_.requests.clear();
     for (const auto& t : step.tokens()) plan_.requests.push_back(t.request);
@@ -213,10 +236,10 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     binding_.bind(step.layer());
     return plan_;
   }
-  const attention_plan& decode(int layer, std::span<const decode_token<element_type>> tokens) {
+  const plan_type& decode(int layer, std::span<const decode_token<element_type>> tokens) {
     return run_decode(plan_decode(layer, tokens));
   }
-  const attention_plan& decode(int layer, const decode_token<element_type>& token) {
+  const plan_type& decode(int layer, const decode_token<element_type>& token) {
     return decode(layer, std::span<const decode_token<element_type>>(&token, 1));
   }
 
@@ -228,9 +251,13 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     binding_.check(where, layer, tokens, plan_.requests, true);
     require(out != nullptr || tokens.empty(), where, "out", "null",
             "a [tokens, q_heads, d] output array");
-    attention::attend_plan_batch(
-        *store_, layer, tokens.size(), [&](std::size_t i) { return tokens[i].request; },
-        [&](std::size_t i) { return tokens[i].query; }, plan_.slots, out);
+    if constexpr (Exec_::host_visible) {
+      attention::attend_plan_batch(
+          *store_, layer, tokens.size(), [&](std::size_t i) { return tokens[i].request; },
+          [&](std::size_t i) { return tokens[i].query; }, plan_.slots, out);
+    } else {
+      sched_.attend(*this, layer, tokens, out);  // queries and out in the exec's memory
+    }
   }
   void attend(int layer, const decode_token<element_type>& token, float* out) const {
     attend(layer, std::span<const decode_token<element_type>>(&token, 1), out);
@@ -299,7 +326,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   parts_type parts_;
   detail::query_history history_;  // newest queries per (request, layer), for the parts
   step_binding binding_;           // the pending step (decode() done, not yet applied)
-  attention_plan plan_;
+  plan_type plan_;
   prefill_totals totals_;                // scratch of prefill()
   std::vector<unsigned char> in_batch_;  // [requests] scratch: requests seen in a decode batch
   state_type sched_;                     // last: built from the members above

@@ -29,6 +29,7 @@
 // the previous observe starts from 0. One thread per slot; no workspace. Cost O(G * N).
 
 #include <kvsift/core/dot.hpp>
+#include <kvsift/score/cumulative_attention.hpp>
 #include <kvsift/thrust/math.hpp>
 #include <kvsift/thrust/window_attention.hpp>
 
@@ -241,6 +242,20 @@ void cumulative_attention_scores(const Policy& exec, const segmented_rows<T>& ke
   ::thrust::for_each_n(exec, zero, num_items * G,
                        detail::cumulative_column_fn<T>{keys, queries, scale, l});
   gqa_reduce_rows(exec, l.columns, out, keys.offsets, S, num_items, G, gqa);
+}
+
+// score::cumulative_attention's round over one (request, layer) of a device store
+// (thrust/evict.hpp): every buffered prompt query.
+inline std::size_t score_round_workspace_bytes(const score::cumulative_attention&,
+                                               const round_shape& r) {
+  return cumulative_attention_workspace_bytes(r.num_items, r.segments, r.group, r.queries);
+}
+template <class Policy, Element T>
+void score_round(const Policy& exec, const score::cumulative_attention& sc,
+                 const round_input<T>& in, float* out, void* workspace,
+                 std::size_t workspace_bytes) {
+  cumulative_attention_scores(exec, in.keys, window_queries{in.queries, in.query_first, in.num_queries, in.kv_heads, in.group}, in.num_items, sc.p.gqa, out, workspace,
+                              workspace_bytes);
 }
 
 }  // namespace kvsift::thrust

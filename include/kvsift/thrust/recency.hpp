@@ -8,6 +8,10 @@
 
 #include <kvsift/thrust/common.hpp>
 
+#include <kvsift/score/simple.hpp>
+#include <kvsift/thrust/round.hpp>
+
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -45,6 +49,17 @@ void recency_scores(const Policy& exec, const std::int32_t* offsets, const std::
           "[num_segments + 1] CSR offsets (or positions)");
   ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), num_items,
                        detail::recency_fn{offsets, positions, num_segments, out});
+}
+
+// score::recency's round over one (request, layer) of a device store (thrust/evict.hpp): the
+// slot index, which orders the tokens as their positions do (positions ascend within a head).
+inline std::size_t score_round_workspace_bytes(const score::recency&, const round_shape&) {
+  return 0;
+}
+template <class Policy, Element T>
+void score_round(const Policy& exec, const score::recency&, const round_input<T>& in, float* out,
+                 void*, std::size_t) {
+  recency_scores(exec, in.keys.offsets, nullptr, in.keys.num_segments, in.num_items, out);
 }
 
 }  // namespace kvsift::thrust

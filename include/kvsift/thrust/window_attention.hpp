@@ -20,6 +20,10 @@
 #include <kvsift/core/dot.hpp>
 #include <kvsift/thrust/math.hpp>
 
+#include <kvsift/score/window_attention.hpp>
+#include <kvsift/thrust/round.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -248,6 +252,21 @@ void window_attention_scores(const Policy& exec, const segmented_rows<T>& keys,
   ::thrust::for_each_n(exec, zero, num_items,
                        detail::window_gqa_fn{keys.offsets, S, G, l.past, l.pooled, out,
                                              params.gqa});
+}
+
+// score::window_attention's round over one (request, layer) of a device store
+// (thrust/evict.hpp): the newest min(window, buffered) queries vote.
+inline std::size_t score_round_workspace_bytes(const score::window_attention& sc,
+                                               const round_shape& r) {
+  return window_attention_workspace_bytes(r.num_items, r.segments, r.group,
+                                          std::min(sc.p.window, r.queries));
+}
+template <class Policy, Element T>
+void score_round(const Policy& exec, const score::window_attention& sc, const round_input<T>& in,
+                 float* out, void* workspace, std::size_t workspace_bytes) {
+  window_attention_scores(exec, in.keys, window_queries{in.queries, in.query_first, in.num_queries, in.kv_heads, in.group}, in.num_items,
+                          window_score_params{sc.p.kernel, sc.p.pool, sc.p.gqa}, out, workspace,
+                          workspace_bytes);
 }
 
 }  // namespace kvsift::thrust

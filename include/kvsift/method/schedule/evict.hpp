@@ -37,6 +37,99 @@ struct schedule::evict {
   class state;
 };
 
+// What every evict state shares, whatever memory its store is in (exec::host here, a device exec
+// in thrust/evict.hpp): the budget checks before anything is appended and the trigger's choice of
+// the requests whose round runs. All host arithmetic on lengths and budgets (shapes); `frozen(seq)`
+// is a head-sequence's final prefix, `steps` the per-(request, layer) decode steps.
+namespace detail {
+
+// A budget that cannot hold the protected tokens is an error before anything is appended: the
+// selector's check of the budgets of the prompts that end in `chunks`.
+template <class M, class Chunk>
+void evict_check_prefill(const M& m, int layer, std::span<const Chunk> chunks) {
+  if (layer < m.parameters().dense_layers) return;
+  const auto& sh = m.store().shape();
+  std::vector<int> lengths;
+  for (const auto& c : chunks) {
+    if (!c.last) continue;
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      lengths.push_back(m.store().length(sh.sequence(c.request, layer, h)) + c.keys.tokens);
+    }
+  }
+  std::vector<int> budgets;
+  m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
+  score_sets sizes_only;
+  sizes_only.resize(lengths);
+  m.parts().selector.check(sizes_only, budgets);
+}
+
+// The same check before a decode step's token is appended, for the requests whose trigger will
+// fire after it (a rolling StreamingLLM window whose budget cannot hold its sinks, say): the
+// error comes before the step, never from after_attention.
+template <class M, class T, class Frozen>
+void evict_check_decode(const M& m, int layer, std::span<const decode_token<T>> tokens,
+                        const std::vector<int>& steps, Frozen frozen) {
+  if (layer < m.parameters().dense_layers) return;
+  const auto& sh = m.store().shape();
+  std::vector<int> lengths;
+  for (const auto& t : tokens) {
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      lengths.push_back(m.store().length(sh.sequence(t.request, layer, h)) + 1);
+    }
+  }
+  std::vector<int> budgets;
+  m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
+  std::vector<int> firing_lengths, firing_budgets;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      const auto s = i * sh.kv_heads + h;
+      const trigger_context ctx{lifecycle_event::decode_step,
+                                steps[m.slot(tokens[i].request, layer)] + 1, lengths[s],
+                                frozen(sh.sequence(tokens[i].request, layer, h)), budgets[s]};
+      if (m.parts().trigger.fires(ctx)) {
+        firing_lengths.push_back(lengths[s]);
+        firing_budgets.push_back(budgets[s]);
+      }
+    }
+  }
+  score_sets sizes_only;
+  sizes_only.resize(firing_lengths);
+  m.parts().selector.check(sizes_only, firing_budgets);
+}
+
+// The requests of a round whose trigger fires (any of their KV heads), and their heads' budgets
+// [firing * kv_heads]; `lengths` and `budgets` are scratch (every request's heads).
+template <class M, class Frozen>
+void evict_firing(const M& m, int layer, const std::vector<int>& requests, lifecycle_event event,
+                  const std::vector<int>& steps, Frozen frozen, std::vector<int>& lengths,
+                  std::vector<int>& budgets, std::vector<int>& firing,
+                  std::vector<int>& firing_budgets) {
+  const auto& store = m.store();
+  const auto& sh = store.shape();
+  lengths.clear();
+  firing.clear();
+  firing_budgets.clear();
+  for (const int r : requests) {
+    for (int h = 0; h < sh.kv_heads; ++h) lengths.push_back(store.length(sh.sequence(r, layer, h)));
+  }
+  m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    bool fire = false;
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      const auto s = i * sh.kv_heads + h;
+      const trigger_context ctx{event, steps[m.slot(requests[i], layer)], lengths[s],
+                                frozen(sh.sequence(requests[i], layer, h)), budgets[s]};
+      fire = fire || m.parts().trigger.fires(ctx);
+    }
+    if (fire) {
+      firing.push_back(requests[i]);
+      for (int h = 0; h < sh.kv_heads; ++h) firing_budgets.push_back(budgets[i * sh.kv_heads + h]);
+    }
+  }
+}
+
+}  // namespace detail
+
 template <class Store, class Recipe>
 class schedule::evict::state : public detail::one_tier<Store> {
   using base = detail::one_tier<Store>;
@@ -107,22 +200,7 @@ class schedule::evict::state : public detail::one_tier<Store> {
   template <class M>
   void check_prefill(const M& m, std::string_view, int layer,
                      std::span<const prefill_chunk<T>> chunks, const prefill_totals&) const {
-    if constexpr (selector_hooks.check) {
-      if (layer < m.parameters().dense_layers) return;
-      const auto& sh = m.store().shape();
-      std::vector<int> lengths;
-      for (const auto& c : chunks) {
-        if (!c.last) continue;
-        for (int h = 0; h < sh.kv_heads; ++h) {
-          lengths.push_back(m.store().length(sh.sequence(c.request, layer, h)) + c.keys.tokens);
-        }
-      }
-      std::vector<int> budgets;
-      m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
-      score_sets sizes_only;
-      sizes_only.resize(lengths);
-      m.parts().selector.check(sizes_only, budgets);
-    }
+    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks);
   }
 
   template <class M>
@@ -145,40 +223,12 @@ class schedule::evict::state : public detail::one_tier<Store> {
     for (const int r : ended) m.history().clear(m.slot(r, layer));
   }
 
-  // The same budget check before a decode step's token is appended, for the requests whose
-  // trigger will fire after it (a rolling StreamingLLM window whose budget cannot hold its
-  // sinks, say): the error comes before the step, never from after_attention.
   template <class M>
   void check_decode(const M& m, std::string_view where, int layer,
                     std::span<const decode_token<T>> tokens) const {
     base::check_decode_room(m, where, layer, tokens);
     if constexpr (compresses && selector_hooks.check) {
-      if (layer < m.parameters().dense_layers) return;
-      const auto& sh = m.store().shape();
-      std::vector<int> lengths;
-      for (const auto& t : tokens) {
-        for (int h = 0; h < sh.kv_heads; ++h) {
-          lengths.push_back(m.store().length(sh.sequence(t.request, layer, h)) + 1);
-        }
-      }
-      std::vector<int> budgets;
-      m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
-      std::vector<int> firing_lengths, firing_budgets;
-      for (std::size_t i = 0; i < tokens.size(); ++i) {
-        for (int h = 0; h < sh.kv_heads; ++h) {
-          const auto s = i * sh.kv_heads + h;
-          const trigger_context ctx{lifecycle_event::decode_step,
-                                    steps_[m.slot(tokens[i].request, layer)] + 1, lengths[s],
-                                    frozen_[sh.sequence(tokens[i].request, layer, h)], budgets[s]};
-          if (m.parts().trigger.fires(ctx)) {
-            firing_lengths.push_back(lengths[s]);
-            firing_budgets.push_back(budgets[s]);
-          }
-        }
-      }
-      score_sets sizes_only;
-      sizes_only.resize(firing_lengths);
-      m.parts().selector.check(sizes_only, firing_budgets);
+      detail::evict_check_decode(m, layer, tokens, steps_, [&](std::int64_t seq) { return frozen_[seq]; });
     }
   }
 
@@ -236,26 +286,11 @@ class schedule::evict::state : public detail::one_tier<Store> {
     auto& store = m.store();
     auto& parts = m.parts();
     const auto& sh = store.shape();
-    lengths_.clear();
-    for (const int r : requests) {
-      for (int h = 0; h < sh.kv_heads; ++h) lengths_.push_back(store.length(sh.sequence(r, layer, h)));
-    }
-    parts.budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths_}, budgets_);
     std::vector<int> firing;
     std::vector<int> firing_budgets;
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      bool fire = false;
-      for (int h = 0; h < sh.kv_heads; ++h) {
-        const auto s = i * sh.kv_heads + h;
-        trigger_context ctx{event, steps_[m.slot(requests[i], layer)], lengths_[s],
-                            frozen_[sh.sequence(requests[i], layer, h) % frozen_.size()], budgets_[s]};
-        fire = fire || parts.trigger.fires(ctx);
-      }
-      if (fire) {
-        firing.push_back(requests[i]);
-        for (int h = 0; h < sh.kv_heads; ++h) firing_budgets.push_back(budgets_[i * sh.kv_heads + h]);
-      }
-    }
+    detail::evict_firing(m, layer, requests, event, steps_,
+                         [&](std::int64_t seq) { return frozen_[seq]; }, lengths_, budgets_, firing,
+                         firing_budgets);
     if (firing.empty()) return;
 
     std::vector<kv_view<const float, nhd>> qs;

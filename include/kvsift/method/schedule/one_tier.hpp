@@ -34,9 +34,9 @@ class one_tier {
 
   // Room for chunk c after what the call's earlier chunks add; a paged pool must hold every
   // chunk of the call (`pool_pages` accumulates across them).
-  template <class M>
-  static void check_room(const M& m, std::string_view where, int layer,
-                         const prefill_chunk<T>& c, int pending, int& pool_pages) {
+  template <class M, class Chunk>
+  static void check_room(const M& m, std::string_view where, int layer, const Chunk& c,
+                         int pending, int& pool_pages) {
     const auto& st = m.store();
     const auto& sh = st.shape();
     const auto seq0 = sh.sequence(c.request, layer, 0);

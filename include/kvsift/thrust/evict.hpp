@@ -1,0 +1,587 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// schedule::evict over a device store: the state method<thrust::dense_store<T, E>, Recipe, E>
+// runs (the host state is method/schedule/evict.hpp; this file is its Thrust mirror).
+//
+//   kvsift::thrust::sim_arena arena;
+//   kvsift::exec::sim_cpp e{arena};
+//   kvsift::thrust::dense_store<float, kvsift::exec::sim_cpp> st(e, shape, requests, capacity, 1);
+//   kvsift::h2o<decltype(st), kvsift::exec::sim_cpp> m(st, kvsift::h2o_params<...>(budget));
+//   m.prefill(layer, chunk);              // chunk views in E's memory (method::chunk_type)
+//   const auto& plan = m.decode(layer, tokens);   // thrust::device_plan: E memory
+//   m.attend(layer, tokens, out);         // queries and out in E's memory
+//   m.after_attention(layer, tokens);
+//   st.check();                           // what the device found (NaN/Inf), outside a step
+//
+// Shapes on the host, contents on the device. Every count a step needs (lengths, budgets, whether
+// a round runs, how many slots a head keeps, the plan's offsets) is host arithmetic on the
+// store's host shadow, the budgeter and the trigger, exactly as the host state computes it
+// (detail::evict_firing and the checks are shared); the data decides only which slots. A step
+// uploads its descriptors (the plan's CSR, the batch, each request's local CSR and query
+// position: counted host-to-device writes) and reads nothing back; every buffer it uses is
+// allocated once, at construction, sized by the store's capacity and requests, so after warm-up
+// a decode step allocates nothing (Thrust's own sort scratch comes from the exec's arena cache).
+// tests/thrust/test_device_methods.cpp checks both with exec::sim's counters, and that every
+// plan and attention output equals the host method's.
+//
+// The parts: the selector is select::topk (thrust::segmented_topk with the same protection; a
+// head exactly one over its budget drops its worst unprotected token with segmented_evict_one,
+// the same set without a sort); the scorer has a Thrust round (thrust::ThrustScorer: recency,
+// window_attention, cumulative_attention); budgeters and triggers are host arithmetic. H2O's
+// running scores are the store's side column 0, which moves with its rows; each decode step adds
+// the step's attention (thrust::attention_over's weights) to it. The queries a scorer reads are
+// buffered in E memory (per (request, layer): the newest `window`, or every prompt query).
+// Not yet on a device exec: LagKV's partition_topk, DynamicKV's progressive budgeter, Quest's
+// sparse_read and the two-tier schedules (a static_assert says which).
+//
+// Errors: what the host can see is checked before anything changes, as on the host. Values are
+// device data: a NaN or Inf key or value is found by the store on the device and raised by
+// dense_store::check(); a NaN query scores NaN, which ranks below every number.
+
+#include <kvsift/concepts.hpp>
+#include <kvsift/core/error.hpp>
+#include <kvsift/method/lifecycle.hpp>
+#include <kvsift/method/schedule/evict.hpp>
+#include <kvsift/method/schedule/one_tier.hpp>
+#include <kvsift/select/topk.hpp>
+#include <kvsift/thrust/attention.hpp>
+#include <kvsift/thrust/cumulative_attention.hpp>
+#include <kvsift/thrust/dense_store.hpp>
+#include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/recency.hpp>
+#include <kvsift/thrust/round.hpp>
+#include <kvsift/thrust/segmented_topk.hpp>
+#include <kvsift/thrust/window_attention.hpp>
+
+#include <thrust/copy.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace kvsift::thrust {
+
+// The attention plan of a device step: shapes on the host, slots and positions in E memory.
+// Segment i * kv_heads + h is what KV head h of the i-th request of the batch reads, ascending.
+struct device_plan {
+  std::vector<int> requests;          // [R] the batch, in call order
+  std::vector<std::int32_t> offsets;  // [R * kv_heads + 1] host CSR of each segment's slots
+  const std::int32_t* device_offsets = nullptr;  // the same CSR, E memory
+  const std::int32_t* slots = nullptr;           // [size()] E memory: store slots
+  const std::int32_t* positions = nullptr;       // [size()] E memory: their original positions
+  [[nodiscard]] std::int64_t size() const { return offsets.empty() ? 0 : offsets.back(); }
+};
+
+namespace detail {
+
+// Rows [skip, skip + n) of a [tokens, heads, d] view into contiguous [n, heads, d] floats.
+template <class Space>
+struct copy_query_rows_fn {
+  kv_view<const float, nhd, Space> q;
+  int skip;
+  float* dst;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const int c = static_cast<int>(e % q.dim);
+    const std::int64_t th = e / q.dim;
+    dst[e] = q.row(skip + static_cast<int>(th / q.heads), static_cast<int>(th % q.heads))[c];
+  }
+};
+
+// A plan reading every resident slot of a batch: slot j of segment s, and its position.
+struct plan_every_slot_fn {
+  const std::int32_t* offsets;    // [S + 1] the plan's CSR
+  int segments;
+  const std::int32_t* requests;   // [S / kv_heads] the batch
+  int kv_heads;
+  int layers;
+  int layer;
+  std::int64_t capacity;
+  const std::int32_t* store_positions;  // [sequences, capacity]
+  std::int32_t* slots;
+  std::int32_t* positions;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const int s = segment_of(offsets, segments, e);
+    const int j = static_cast<int>(e - offsets[s]);
+    const std::int64_t seq =
+        (static_cast<std::int64_t>(requests[s / kv_heads]) * layers + layer) * kv_heads +
+        s % kv_heads;
+    slots[e] = j;
+    positions[e] = store_positions[seq * capacity + j];
+  }
+};
+
+// Packed scores [offsets[h] + j] into a store's side column [h * capacity + j].
+struct scatter_column_fn {
+  const float* scores;
+  const std::int32_t* offsets;
+  int segments;
+  std::int64_t capacity;
+  float* column;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const int h = segment_of(offsets, segments, e);
+    column[h * capacity + (e - offsets[h])] = scores[e];
+  }
+};
+
+}  // namespace detail
+
+// The newest queries of each (request, layer) in E memory, for a scorer that reads past queries
+// (method::query_history's device twin, with its rules: keep > 0 the newest `keep`, -1 every
+// row; rows continue the buffered ones or the buffer restarts). A slot holds up to 2 * keep rows
+// (every prompt row for keep = -1) and slides when full, so an append moves at most `keep` rows.
+template <SimExec E>
+class device_query_history {
+ public:
+  device_query_history(const E& e, std::size_t slots, int keep, int capacity, int q_heads, int dim)
+      : exec_(e), keep_(keep), per_slot_(keep > 0 ? 2 * keep : keep < 0 ? capacity : 0),
+        row_(static_cast<std::int64_t>(q_heads) * dim),
+        rows_data_(e, static_cast<std::size_t>(per_slot_) * row_ * slots),
+        scratch_(e, keep > 0 ? static_cast<std::size_t>(keep) * row_ : 0),
+        count_(slots, 0), first_(slots, 0) {}
+
+  [[nodiscard]] int rows(std::size_t slot) const { return count_[slot]; }
+  [[nodiscard]] std::int32_t first(std::size_t slot) const { return first_[slot]; }
+  // The newest n <= rows(slot) rows, [n, q_heads, d] contiguous in E memory.
+  [[nodiscard]] const float* newest(std::size_t slot, int n) const {
+    return base(slot) + static_cast<std::int64_t>(count_[slot] - n) * row_;
+  }
+  // What query_history::contiguous answers.
+  [[nodiscard]] int contiguous(std::size_t slot, int q_rows, std::int32_t first) const {
+    const bool continues = count_[slot] > 0 && first_[slot] + count_[slot] == first;
+    return q_rows + (continues ? count_[slot] : 0);
+  }
+  void clear(std::size_t slot) { count_[slot] = 0; }
+
+  template <class Space>
+  void remember(std::size_t slot, kv_view<const float, nhd, Space> q, std::int32_t first) {
+    if (keep_ == 0) return;
+    int& count = count_[slot];
+    if (count > 0 && first_[slot] + count != first) count = 0;
+    int skip = 0;
+    int n = q.tokens;
+    if (n == 0) return;
+    if (keep_ > 0 && n > keep_) {
+      skip = n - keep_;
+      n = keep_;
+      count = 0;
+    }
+    if (count == 0) first_[slot] = first + skip;
+    require(count + n <= per_slot_ || keep_ > 0, "method.prefill", "queries.tokens", q.tokens,
+            "room in the device query history (every prompt query of a request, at most the "
+            "store's capacity)");
+    const auto policy = exec_.policy();
+    if (count + n > per_slot_) {  // slide: keep the newest keep - n rows, at the front
+      const int kept = std::min(count, keep_ - n);
+      const std::int64_t len = static_cast<std::int64_t>(kept) * row_;
+      float* b = base(slot);
+      ::thrust::copy_n(policy, b + (count - kept) * row_, len, scratch_.data());
+      ::thrust::copy_n(policy, scratch_.data(), len, b);
+      first_[slot] += count - kept;
+      count = kept;
+    }
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), n * row_,
+                         detail::copy_query_rows_fn<Space>{q, skip, base(slot) + count * row_});
+    count += n;
+  }
+
+ private:
+  [[nodiscard]] float* base(std::size_t slot) const {
+    return const_cast<float*>(rows_data_.data()) + static_cast<std::int64_t>(slot) * per_slot_ * row_;
+  }
+
+  E exec_;
+  int keep_;
+  int per_slot_;
+  std::int64_t row_;
+  buffer<float, E> rows_data_;  // [slots, per_slot, q_heads, d]
+  buffer<float, E> scratch_;    // [keep, q_heads, d] a slide's staging
+  std::vector<int> count_;      // host shadow: rows buffered per slot
+  std::vector<std::int32_t> first_;  // host shadow: position of the first
+};
+
+}  // namespace kvsift::thrust
+
+namespace kvsift {
+
+template <Element T, thrust::SimExec E, class Recipe>
+class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
+    : public detail::one_tier<thrust::dense_store<T, E>> {
+  using Store = thrust::dense_store<T, E>;
+  using base = detail::one_tier<Store>;
+  using Scorer = typename Recipe::scorer;
+  using Selector = typename Recipe::selector;
+  using Budgeter = typename Recipe::budgeter;
+  using Policy = decltype(std::declval<const E&>().policy());
+  using base::layer_budgets_;
+  using base::refreshes_;
+  using base::steps_;
+  static constexpr hooks selector_hooks = hooks_of<Selector>;
+  static constexpr bool observes = hooks_of<Scorer>.observe;
+  static constexpr bool compresses = !requires { requires Selector::keeps_everything; };
+  static_assert(!compresses || std::is_same_v<Selector, select::topk>,
+                "kvsift::method on a device exec: the evict schedule selects with select::topk "
+                "(LagKV's partition_topk runs on exec::host only, for now)");
+  static_assert(!hooks_of<Budgeter>.revise,
+                "kvsift::method on a device exec: a progressive budgeter (DynamicKV) runs on "
+                "exec::host only, for now");
+  static_assert(!compresses || thrust::ThrustScorer<Scorer, T, Policy>,
+                "kvsift::method on a device exec: the Scorer needs a Thrust round "
+                "(thrust::score_round: recency, window_attention and cumulative_attention have one)");
+  static_assert(!observes || std::is_same_v<Scorer, score::cumulative_attention>,
+                "kvsift::method on a device exec: the only observing scorer with a Thrust observe "
+                "is cumulative_attention (H2O)");
+
+ public:
+  using plan_type = thrust::device_plan;
+  template <class R>
+  static constexpr capabilities caps{
+      .changes_physical_length = compresses,
+      .safe_with_shared_prefix = !compresses,
+      .needs_queries = R::scorer::needs_queries,
+      .cuda_graph_safe = false,  // the laws hold on exec::sim; no CUDA exec runs a method yet
+      .speculative_decoding = false,
+  };
+  static constexpr bool after_attention_reads_queries = Scorer::needs_queries;
+
+  template <class M>
+  explicit state(const M& m)
+      : base(m),
+        exec_(m.store().exec()),
+        H_(m.store().shape().kv_heads),
+        G_(m.store().shape().q_heads / m.store().shape().kv_heads),
+        cap_(m.store().capacity()),
+        history_(exec_, static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers,
+                 Scorer::needs_queries ? m.parts().scorer.query_window() : 0, cap_,
+                 m.store().shape().q_heads, m.store().shape().head_dim),
+        scores_(exec_, per_round()),
+        kept_(exec_, per_round()),
+        kept_offsets_(exec_, static_cast<std::size_t>(H_) + 1),
+        window_(exec_, static_cast<std::size_t>(H_)),
+        victims_(exec_, static_cast<std::size_t>(H_)),
+        round_offsets_(exec_, static_cast<std::size_t>(H_) + 1),
+        query_first_(exec_, 1),
+        topk_ws_(exec_, compresses ? thrust::segmented_topk_workspace_bytes(per_round()) : 0),
+        score_ws_(exec_, score_workspace(m)),
+        plan_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ + 1),
+        plan_slots_(exec_, static_cast<std::size_t>(m.store().requests()) * per_round()),
+        plan_positions_(exec_, plan_slots_.size()),
+        batch_(exec_, static_cast<std::size_t>(m.store().requests())),
+        step_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * (H_ + 1)),
+        step_positions_(exec_, static_cast<std::size_t>(m.store().requests())),
+        attention_ws_(exec_, thrust::attention_workspace_bytes(per_round(), G_, 1)),
+        weights_(exec_, observes ? per_round() * G_ : 0),
+        observe_out_(exec_, observes ? static_cast<std::size_t>(m.store().shape().q_heads) *
+                                           m.store().shape().head_dim
+                                     : 0) {}
+
+  template <class M>
+  void check_chunk(const M& m, std::string_view where, int layer,
+                   const prefill_chunk<T, typename E::memory_space>& c, prefill_totals& tot) const {
+    const auto& sc = m.parts().scorer;
+    const auto& st = m.store();
+    if constexpr (Scorer::needs_queries) {
+      if (sc.query_window() < 0) {
+        require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
+                "keys.tokens (" + std::to_string(c.keys.tokens) + "): this scorer reads every prompt query");
+      } else {
+        require(c.queries.tokens >= 0 && c.queries.tokens <= c.keys.tokens, where, "queries.tokens",
+                c.queries.tokens,
+                "in [0, keys.tokens = " + std::to_string(c.keys.tokens) + "]: the chunk's newest queries");
+      }
+      if (c.last && layer >= m.parameters().dense_layers && sc.query_window() > 0) {
+        const int have = history_.contiguous(m.slot(c.request, layer), c.queries.tokens,
+                                             c.first_position + c.keys.tokens - c.queries.tokens);
+        const int need = std::min(sc.query_window(),
+                                  st.length(st.shape().sequence(c.request, layer, 0)) + c.keys.tokens);
+        require(have >= need, where, "queries.tokens", c.queries.tokens,
+                "enough newest queries for the scorer's window: " + std::to_string(need) +
+                    " ending at the prompt's last token (" + std::to_string(have) + " available)");
+      }
+    }
+    base::check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);
+  }
+
+  template <class M>
+  void check_prefill(const M& m, std::string_view, int layer,
+                     std::span<const prefill_chunk<T, typename E::memory_space>> chunks,
+                     const prefill_totals&) const {
+    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks);
+  }
+
+  template <class M>
+  void prefill(M& m, int layer, std::span<const prefill_chunk<T, typename E::memory_space>> chunks) {
+    std::vector<int> ended, between;
+    for (const auto& c : chunks) {
+      m.store().append(c.request, layer, c.keys, c.values, c.first_position);
+      if constexpr (Scorer::needs_queries) {
+        history_.remember(m.slot(c.request, layer), c.queries,
+                          c.first_position + c.keys.tokens - c.queries.tokens);
+      }
+      (c.last ? ended : between).push_back(c.request);
+    }
+    if constexpr (compresses) {
+      if (layer >= m.parameters().dense_layers) {
+        compress(m, layer, between, lifecycle_event::prefill_chunk);
+        compress(m, layer, ended, lifecycle_event::prefill_end);
+      }
+    }
+    for (const int r : ended) history_.clear(m.slot(r, layer));
+  }
+
+  template <class M>
+  void check_decode(const M& m, std::string_view where, int layer,
+                    std::span<const decode_token<T>> tokens) const {
+    base::check_decode_room(m, where, layer, tokens);
+    if constexpr (compresses && selector_hooks.check) {
+      detail::evict_check_decode(m, layer, tokens, steps_, [](std::int64_t) { return 0; });
+    }
+  }
+
+  // Appends each request's token, then the plan of every resident slot (E memory).
+  template <class M>
+  void decode(M& m, int layer, std::span<const decode_token<T>> tokens, thrust::device_plan& plan) {
+    auto& st = m.store();
+    const auto& sh = st.shape();
+    for (const auto& t : tokens) {
+      using view = kv_view<const T, nhd, typename E::memory_space>;
+      st.append(t.request, layer, view::contiguous(t.key, 1, sh.kv_heads, sh.head_dim),
+                view::contiguous(t.value, 1, sh.kv_heads, sh.head_dim),
+                st.next_position(t.request, layer));
+      ++steps_[m.slot(t.request, layer)];
+    }
+    // the step's descriptor: the plan's CSR, the batch, each request's local CSR and position
+    const int R = static_cast<int>(tokens.size());
+    plan.offsets.assign(1, 0);
+    host_local_.clear();
+    host_positions_.clear();
+    for (const auto& t : tokens) {
+      host_local_.push_back(0);
+      for (int h = 0; h < H_; ++h) {
+        const int n = st.length(sh.sequence(t.request, layer, h));
+        plan.offsets.push_back(plan.offsets.back() + n);
+        host_local_.push_back(host_local_.back() + n);
+      }
+      host_positions_.push_back(st.next_position(t.request, layer) - 1);
+    }
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(plan.offsets), plan_offsets_);
+    thrust::copy_to_device(exec_, std::span<const int>(plan.requests), batch_);
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(host_local_), step_offsets_);
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(host_positions_), step_positions_);
+    ::thrust::for_each_n(exec_.policy(), ::thrust::counting_iterator<std::int64_t>(0), plan.size(),
+                         thrust::detail::plan_every_slot_fn{
+                             plan_offsets_.data(), R * H_, batch_.data(), H_, sh.layers, layer,
+                             cap_, st.positions(), plan_slots_.data(), plan_positions_.data()});
+    plan.device_offsets = plan_offsets_.data();
+    plan.slots = plan_slots_.data();
+    plan.positions = plan_positions_.data();
+  }
+
+  // The library's attention over the step's plan (every resident slot): out [tokens, q_heads, d].
+  template <class M>
+  void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
+    const auto& sh = m.store().shape();
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      attend_one(m, layer, i, tokens[i], out + i * sh.q_heads * sh.head_dim, nullptr);
+    }
+  }
+
+  template <class M>
+  void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
+    if (layer < m.parameters().dense_layers) return;
+    const auto& sh = m.store().shape();
+    if constexpr (observes) {  // the step's attention into the running scores (side column 0)
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        attend_one(m, layer, i, tokens[i], observe_out_.data(), weights_.data());
+        const std::int64_t seq0 = sh.sequence(tokens[i].request, layer, 0);
+        thrust::cumulative_attention_observe(exec_.policy(), weights_.data(), local_offsets(i), H_,
+                                             local_items(i), G_, m.parts().scorer.p.gqa, nullptr,
+                                             m.store().column(0) + seq0 * cap_, cap_);
+      }
+    }
+    batch_requests_.clear();
+    for (const auto& t : tokens) {
+      if constexpr (Scorer::needs_queries) {
+        if (m.parts().scorer.query_window() > 0) {
+          history_.remember(m.slot(t.request, layer),
+                            kv_view<const float, nhd, typename E::memory_space>::contiguous(
+                                t.query, 1, sh.q_heads, sh.head_dim),
+                            m.store().next_position(t.request, layer) - 1);
+        }
+      }
+      batch_requests_.push_back(t.request);
+    }
+    if constexpr (compresses) compress(m, layer, batch_requests_, lifecycle_event::decode_step);
+  }
+
+  template <class M>
+  void reset(M& m, int request) {
+    m.store().reset(request);
+    this->reset_steps(m, request);
+    for (int l = 0; l < m.store().shape().layers; ++l) history_.clear(m.slot(request, l));
+    if constexpr (hooks_of<Budgeter>.reset) m.parts().budgeter.reset(request);
+  }
+
+  template <class M>
+  void stats(const M&, method_stats& s) const { this->fill_stats(s); }
+
+ private:
+  [[nodiscard]] std::size_t per_round() const { return static_cast<std::size_t>(H_) * cap_; }
+  template <class M>
+  [[nodiscard]] std::size_t score_workspace(const M& m) const {
+    if constexpr (compresses) {
+      const int w = Scorer::needs_queries ? m.parts().scorer.query_window() : 0;
+      return score_round_workspace_bytes(
+          m.parts().scorer, thrust::round_shape{static_cast<std::int64_t>(per_round()), H_, G_,
+                                                w < 0 ? cap_ : w});
+    } else {
+      return 0;
+    }
+  }
+  // Request i of the decode batch: its KV heads' local CSR (E memory) and tokens in all.
+  [[nodiscard]] const std::int32_t* local_offsets(std::size_t i) const {
+    return step_offsets_.data() + i * (H_ + 1);
+  }
+  [[nodiscard]] std::int64_t local_items(std::size_t i) const {
+    return host_local_[i * (H_ + 1) + H_];
+  }
+  template <class M>
+  [[nodiscard]] static std::pair<thrust::segmented_rows<T>, thrust::segmented_rows<T>> rows_of(
+      M& m, int request, int layer, const std::int32_t* offsets) {
+    auto& st = const_cast<Store&>(m.store());
+    const auto& sh = st.shape();
+    const std::int64_t seq0 = sh.sequence(request, layer, 0);
+    const std::int64_t stride = static_cast<std::int64_t>(st.capacity()) * sh.head_dim;
+    const thrust::segmented_rows<T> k{st.keys() + seq0 * stride, offsets,
+                                      st.positions() + seq0 * st.capacity(), stride,
+                                      sh.kv_heads, sh.head_dim};
+    auto v = k;
+    v.data = st.values() + seq0 * stride;
+    return {k, v};
+  }
+
+  // Attention of decode token i over its request's every resident slot: out [q_heads, d]
+  // and/or the weights [G * items] (attention_over's layout).
+  template <class M>
+  void attend_one(const M& m, int layer, std::size_t i, const decode_token<T>& t, float* out,
+                  float* weights) const {
+    const auto [k, v] = rows_of(m, t.request, layer, local_offsets(i));
+    const thrust::window_queries q{t.query, step_positions_.data() + i, 1, H_, G_};
+    const std::int64_t n = local_items(i);
+    thrust::attention_over(exec_.policy(), k, v, q, thrust::attention_plan{}, n, n, out, weights,
+                           attention_ws_.data(), attention_ws_.size());
+  }
+
+  // One round for `requests` of `layer`: score, budget, select, retain — where the trigger fires.
+  // Budgets and firing are the host state's (detail::evict_firing); each firing request's round
+  // runs on the device over its KV heads.
+  template <class M>
+  void compress(M& m, int layer, const std::vector<int>& requests, lifecycle_event event) {
+    if (requests.empty()) return;
+    auto& st = m.store();
+    const auto& sh = st.shape();
+    const auto& sel = m.parts().selector;
+    detail::evict_firing(m, layer, requests, event, steps_, [](std::int64_t) { return 0; },
+                         lengths_, budgets_, firing_, firing_budgets_);
+    if (firing_.empty()) return;
+    ++refreshes_;
+    layer_budgets_[layer] = firing_budgets_.front();
+    const auto policy = exec_.policy();
+    for (std::size_t i = 0; i < firing_.size(); ++i) {
+      const int r = firing_[i];
+      const std::int64_t seq0 = sh.sequence(r, layer, 0);
+      // host: each head's length, kept count (min(budget, n)) and protected window
+      round_local_.assign(1, 0);
+      kept_host_.assign(1, 0);
+      counts_.clear();
+      windows_.clear();
+      bool shrinks = false, one_over = true;
+      for (int h = 0; h < H_; ++h) {
+        const int n = st.length(seq0 + h);
+        const int b = firing_budgets_[i * H_ + h];
+        const int keep = std::min(b, n);
+        round_local_.push_back(round_local_.back() + n);
+        kept_host_.push_back(kept_host_.back() + keep);
+        counts_.push_back(keep);
+        windows_.push_back(b < n ? sel.window_for(b) : 0);
+        shrinks = shrinks || keep < n;
+        one_over = one_over && n == b + 1;
+      }
+      const std::int64_t N = round_local_.back();
+      const std::int64_t kept_total = kept_host_.back();
+      const bool from_prompt = event != lifecycle_event::decode_step;
+      if (!shrinks && !(observes && from_prompt)) continue;
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(round_local_), round_offsets_);
+      const auto [k, v] = rows_of(m, r, layer, round_offsets_.data());
+      // scores: the scorer's round at the prompt; H2O's running scores during decode
+      if (observes && !from_prompt) {
+        thrust::pack_rows(policy, thrust::segmented_rows<float>{st.column(0) + seq0 * cap_,
+                                                                round_offsets_.data(), nullptr,
+                                                                cap_, H_, 1},
+                          N, scores_.data(), static_cast<std::int32_t*>(nullptr));
+      } else {
+        int nq = 0;
+        const std::size_t slot = m.slot(r, layer);
+        if constexpr (Scorer::needs_queries) {
+          const int w = m.parts().scorer.query_window();
+          nq = w < 0 ? history_.rows(slot) : std::min(w, history_.rows(slot));
+          const std::int32_t first = history_.first(slot) + (history_.rows(slot) - nq);
+          thrust::copy_to_device(exec_, std::span<const std::int32_t>(&first, 1), query_first_);
+        }
+        const thrust::round_input<T> in{k, v, N, nq > 0 ? history_.newest(slot, nq) : nullptr,
+                                        query_first_.data(), nq, H_, G_};
+        thrust::score_round(policy, m.parts().scorer, in, scores_.data(), score_ws_.data(),
+                            score_ws_.size());
+        if constexpr (observes) {  // the prompt's scores start the running scores
+          ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), N,
+                               thrust::detail::scatter_column_fn{scores_.data(),
+                                                                 round_offsets_.data(), H_, cap_,
+                                                                 st.column(0) + seq0 * cap_});
+        }
+      }
+      if (!shrinks) continue;
+      // select: sink and window protected, the rest by score (ties to the lower slot)
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(kept_host_), kept_offsets_);
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(windows_), window_);
+      const thrust::topk_protection protect{sel.p.sink, window_.data()};
+      if (one_over) {
+        thrust::segmented_evict_one(policy, scores_.data(), round_offsets_.data(), H_,
+                                    kept_offsets_.data(), kept_total, kept_.data(),
+                                    victims_.data(), protect);
+      } else {
+        thrust::segmented_topk(policy, scores_.data(), round_offsets_.data(), H_, N,
+                               kept_offsets_.data(), kept_total, kept_.data(), topk_ws_.data(),
+                               topk_ws_.size(), protect, /*check=*/false);
+      }
+      st.retain(r, layer, counts_, kept_.data());
+    }
+  }
+
+  E exec_;
+  int H_, G_, cap_;
+  thrust::device_query_history<E> history_;
+  // E memory, allocated once: a round's scores, kept slots and descriptors; a step's plan,
+  // batch, local CSRs and positions; attention's scratch and H2O's weights
+  thrust::buffer<float, E> scores_;
+  thrust::buffer<std::int32_t, E> kept_, kept_offsets_, window_, victims_, round_offsets_,
+      query_first_;
+  thrust::buffer<std::byte, E> topk_ws_, score_ws_;
+  thrust::buffer<std::int32_t, E> plan_offsets_, plan_slots_, plan_positions_, batch_,
+      step_offsets_, step_positions_;
+  mutable thrust::buffer<std::byte, E> attention_ws_;  // attend() is const
+  thrust::buffer<float, E> weights_, observe_out_;  // H2O's observe: the step's attention
+  // host scratch (shapes)
+  std::vector<std::int32_t> host_local_, host_positions_;  // the step's descriptor
+  std::vector<std::int32_t> round_local_, kept_host_;     // a round's
+  std::vector<int> counts_, windows_, lengths_, budgets_, firing_, firing_budgets_,
+      batch_requests_;
+};
+
+}  // namespace kvsift

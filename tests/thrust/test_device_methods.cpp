@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: Apache-2.0
+// method<> over device memory (thrust/evict.hpp): full KV, StreamingLLM, H2O, SnapKV and PyramidKV
+// as method<thrust::dense_store<T, E>, Recipe, E> on exec::sim, run beside the same method on
+// exec::host over store::dense with the same inputs: ragged batches (a random subset of the
+// requests each step, in random order), chunked prefill, a reset request re-prefilled
+// mid-decode, f32/f16/bf16, CPP and (OpenMP builds) OMP. Laws:
+//   parity   every plan (requests, per-head counts, original positions) equals the host's, the
+//            resident tokens and per-layer budgets too, and attend()'s output equals the host's
+//            to 2e-5 (the host attention's exp is its own vectorised one, within 2e-5 of the
+//            reference's; the device's selections read no attention output but their own);
+//   capture  every decode step (decode + attend + after_attention) after the first allocates
+//            nothing and reads nothing back (exec::sim's counters: R1, R2).
+// The test reads device results by pointer after the counters are sampled: the inspection is the
+// test's, not the method's.
+
+#include <kvsift/method/baselines.hpp>
+#include <kvsift/store/dense.hpp>
+#include <kvsift/thrust/evict.hpp>
+#include <kvsift/thrust/exec.hpp>
+
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+namespace exec = kvsift::exec;
+using kvsift::model_shape;
+using kvsift::nhd;
+using kvsift::thrust::buffer;
+using kvsift::thrust::copy_to_device;
+using kvsift::thrust::sim_arena;
+
+#if defined(_OPENMP)
+using device_execs = std::tuple<exec::sim_cpp, exec::sim_omp>;
+#else
+using device_execs = std::tuple<exec::sim_cpp>;
+#endif
+
+constexpr model_shape shape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 16};
+constexpr int requests = 3;
+constexpr int capacity = 64;
+
+// The five compositions, each as (host method, device method, params for either).
+template <class T, class E>
+struct compositions {
+  using host_store = kvsift::store::dense<T>;
+  using device_store = kvsift::thrust::dense_store<T, E>;
+  template <template <class, class> class M>
+  using pair = std::pair<M<host_store, exec::host>, M<device_store, E>>;
+};
+
+template <class S, class E> using full_kv_t = kvsift::full_kv<S, E>;
+template <class S, class E> using streaming_t = kvsift::streaming_llm<S, E>;
+template <class S, class E> using h2o_t = kvsift::h2o<S, E>;
+template <class S, class E> using snapkv_t = kvsift::snapkv<S, E>;
+template <class S, class E> using pyramidkv_t = kvsift::pyramidkv<S, E>;
+
+// Host arrays of T and their device copies.
+template <class T, class E>
+struct twin {
+  std::vector<T> host;
+  buffer<T, E> device;
+  twin(const E& e, std::vector<T> h) : host(std::move(h)), device(e, host.size()) {
+    copy_to_device(e, std::span<const T>(host), device);
+  }
+};
+
+template <class T>
+std::vector<T> random_array(std::mt19937& rng, std::size_t n) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(d(rng));
+  return v;
+}
+
+// Reads n values at a device pointer (the test's inspection of sim memory, not counted).
+template <class U>
+std::vector<U> peek(const U* p, std::int64_t n) {
+  return std::vector<U>(p, p + n);
+}
+
+template <class T, class E, class HostM, class DevM, class Params>
+void run_pair(const E& e, sim_arena& arena, const Params& params, std::uint32_t seed,
+              const std::string& name) {
+  INFO(name << " seed " << seed);
+  std::mt19937 rng(seed);
+  kvsift::store::dense<T> hs(shape, requests, capacity);
+  kvsift::thrust::dense_store<T, E> ds(e, shape, requests, capacity, /*columns=*/1);
+  HostM hm(hs, params);
+  DevM dm(ds, params);
+  const int H = shape.kv_heads, Q = shape.q_heads, d = shape.head_dim;
+  using space = typename E::memory_space;
+  using dchunk = typename DevM::chunk_type;
+
+  // A prompt for request r: `n` tokens in 1-3 chunks, every query handed over.
+  const auto prefill = [&](int r, int n) {
+    const auto k = random_array<T>(rng, static_cast<std::size_t>(shape.layers) * n * H * d);
+    const auto v = random_array<T>(rng, k.size());
+    std::vector<float> q(static_cast<std::size_t>(shape.layers) * n * Q * d);
+    for (auto& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+    twin<T, E> kd(e, k), vd(e, v);
+    twin<float, E> qd(e, q);
+    const int pieces = 1 + static_cast<int>(rng() % 3);
+    for (int l = 0; l < shape.layers; ++l) {
+      int at = 0;
+      for (int p = 0; p < pieces && at < n; ++p) {
+        const int len = p + 1 == pieces ? n - at : std::max(1, n / pieces);
+        const std::size_t ko = (static_cast<std::size_t>(l) * n + at) * H * d;
+        const std::size_t qo = (static_cast<std::size_t>(l) * n + at) * Q * d;
+        const bool last = at + len == n;
+        kvsift::prefill_chunk<T> hc{r,
+                                    kvsift::kv_view<const T, nhd>::contiguous(k.data() + ko, len, H, d),
+                                    kvsift::kv_view<const T, nhd>::contiguous(v.data() + ko, len, H, d),
+                                    kvsift::kv_view<const float, nhd>::contiguous(q.data() + qo, len, Q, d),
+                                    at, last};
+        dchunk dc{r,
+                  kvsift::kv_view<const T, nhd, space>::contiguous(kd.device.data() + ko, len, H, d),
+                  kvsift::kv_view<const T, nhd, space>::contiguous(vd.device.data() + ko, len, H, d),
+                  kvsift::kv_view<const float, nhd, space>::contiguous(qd.device.data() + qo, len, Q, d),
+                  at, last};
+        hm.prefill(l, hc);
+        dm.prefill(l, dc);
+        at += len;
+      }
+    }
+  };
+  for (int r = 0; r < requests; ++r) prefill(r, 10 + static_cast<int>(rng() % 31));
+  ds.check();
+
+  buffer<float, E> out_d(e, static_cast<std::size_t>(requests) * Q * d);
+  std::vector<float> out_h(out_d.size());
+  for (int step = 0; step < 14; ++step) {
+    if (step == 6) {  // continuous batching: request 1 ends, a new prompt takes its slot
+      hm.reset(1);
+      dm.reset(1);
+      prefill(1, 12 + static_cast<int>(rng() % 20));
+    }
+    std::vector<int> batch(requests);
+    std::iota(batch.begin(), batch.end(), 0);
+    std::shuffle(batch.begin(), batch.end(), rng);
+    batch.resize(1 + rng() % requests);
+    const std::size_t B = batch.size();
+    const auto k = random_array<T>(rng, static_cast<std::size_t>(shape.layers) * B * H * d);
+    const auto v = random_array<T>(rng, k.size());
+    std::vector<float> q(static_cast<std::size_t>(shape.layers) * B * Q * d);
+    for (auto& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+    twin<T, E> kd(e, k), vd(e, v);
+    twin<float, E> qd(e, q);
+    for (int l = 0; l < shape.layers; ++l) {
+      std::vector<kvsift::decode_token<T>> th(B), td(B);
+      for (std::size_t i = 0; i < B; ++i) {
+        const std::size_t o = (static_cast<std::size_t>(l) * B + i);
+        th[i] = {batch[i], q.data() + o * Q * d, k.data() + o * H * d, v.data() + o * H * d};
+        td[i] = {batch[i], qd.device.data() + o * Q * d, kd.device.data() + o * H * d,
+                 vd.device.data() + o * H * d};
+      }
+      const auto before = arena.counters();
+      const auto& hp = hm.decode(l, th);
+      const auto& dp = dm.decode(l, td);
+      hm.attend(l, th, out_h.data());
+      dm.attend(l, td, out_d.data());
+      hm.after_attention(l, th);
+      const auto& plan_requests = dp.requests;
+      const auto plan_offsets = dp.offsets;
+      const auto positions = peek(dp.positions, dp.size());
+      const auto slots = peek(dp.slots, dp.size());
+      dm.after_attention(l, td);
+      const auto after = arena.counters();
+      INFO("step " << step << " layer " << l);
+      if (step > 0) {  // the capture laws after the warm-up step
+        CHECK(after.allocations == before.allocations);
+        CHECK(after.d2h_reads == before.d2h_reads);
+      }
+      REQUIRE(plan_requests == hp.requests);
+      REQUIRE(plan_offsets == std::vector<std::int32_t>(hp.positions.offsets.begin(),
+                                                        hp.positions.offsets.end()));
+      CHECK(positions == std::vector<std::int32_t>(hp.positions.values.begin(),
+                                                   hp.positions.values.end()));
+      CHECK(slots == std::vector<std::int32_t>(hp.slots.values.begin(), hp.slots.values.end()));
+      const auto od = peek(out_d.data(), static_cast<std::int64_t>(B) * Q * d);
+      float worst = 0.0f;
+      for (std::size_t j = 0; j < od.size(); ++j) {
+        worst = std::max(worst, std::abs(od[j] - out_h[j]) / (1.0f + std::abs(out_h[j])));
+      }
+      CHECK(worst <= 2e-5f);
+      CHECK(ds.resident_tokens() == hs.resident_tokens());
+    }
+    CHECK(dm.stats().layer_budgets == hm.stats().layer_budgets);
+    CHECK(dm.stats().refreshes == hm.stats().refreshes);
+  }
+  ds.check();
+}
+
+template <class T, class E, template <class, class> class M, class Params>
+void run_composition(const Params& params, const std::string& name) {
+  for (std::uint32_t seed : {11u, 12u}) {
+    sim_arena arena;
+    const E e{arena};
+    using P = typename compositions<T, E>::template pair<M>;
+    run_pair<T, E, typename P::first_type, typename P::second_type>(e, arena, params, seed, name);
+  }
+}
+
+template <class T, class E>
+void run_all() {
+  using C = compositions<T, E>;
+  using HS = typename C::host_store;
+  run_composition<T, E, full_kv_t>(kvsift::full_kv_params<HS>(), "full_kv");
+  run_composition<T, E, streaming_t>(kvsift::streaming_llm_params<HS>(16, 4), "streaming_llm");
+  run_composition<T, E, h2o_t>(kvsift::h2o_params<HS>(16), "h2o");
+  run_composition<T, E, snapkv_t>(kvsift::snapkv_params<HS>(20, 8, 3), "snapkv");
+  run_composition<T, E, pyramidkv_t>(kvsift::pyramidkv_params<HS>(20, 8, 3), "pyramidkv");
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("device methods: the evict baselines on exec::sim equal exec::host",
+                        "[thrust][method]", device_execs) {
+  using E = TestType;
+  SECTION("f32") { run_all<float, E>(); }
+  SECTION("bf16") { run_all<kvsift::bfloat16, E>(); }
+  SECTION("f16") { run_all<kvsift::half, E>(); }
+}
