@@ -9,6 +9,7 @@
 #   thrust/  cuda/             the device algorithms (over the parts' types)
 #   method/                    the shell, the schedules and the recipes (never thrust/ or cuda/:
 #                              the umbrella stays free of CCCL)
+#   device/                    the schedules' states over device memory (method/ over thrust/)
 #   kvsift.hpp                 the umbrella
 cmake_minimum_required(VERSION 3.25)
 if(NOT DEFINED INCLUDE)
@@ -22,6 +23,7 @@ set(allowed_parts core cpu io concepts.hpp ${parts})
 set(allowed_thrust core cpu io concepts.hpp ${parts} thrust)
 set(allowed_cuda core cpu io concepts.hpp ${parts} thrust cuda)
 set(allowed_method core cpu io concepts.hpp ${parts} method)
+set(allowed_device core cpu io concepts.hpp ${parts} thrust method device)
 set(allowed_concepts core concepts.hpp)
 
 file(GLOB_RECURSE headers RELATIVE "${INCLUDE}/kvsift" "${INCLUDE}/kvsift/*.hpp" "${INCLUDE}/kvsift/*.cuh")

@@ -128,7 +128,7 @@ concept KvStore =
 // DeviceStore: a one-tier store whose rows live in a device exec's memory
 // (thrust::dense_store). The host sees shapes only (lengths, capacities, next positions: a host
 // shadow, never read back); rows, positions and per-slot side columns are read and written by
-// the exec's algorithms. method<> runs over one with a device exec (thrust/evict.hpp).
+// the exec's algorithms. method<> runs over one with a device exec (device/evict.hpp).
 template <class S>
 concept DeviceStore =
     Element<typename S::element_type> && MemorySpace<typename S::memory_space> &&

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// method<> over device memory (thrust/evict.hpp): full KV, StreamingLLM, H2O, SnapKV and PyramidKV
+// method<> over device memory (device/evict.hpp): full KV, StreamingLLM, H2O, SnapKV and PyramidKV
 // as method<thrust::dense_store<T, E>, Recipe, E> on exec::sim, run beside the same method on
 // exec::host over store::dense with the same inputs: ragged batches (a random subset of the
 // requests each step, in random order), chunked prefill, a reset request re-prefilled
@@ -15,7 +15,7 @@
 
 #include <kvsift/method/baselines.hpp>
 #include <kvsift/store/dense.hpp>
-#include <kvsift/thrust/evict.hpp>
+#include <kvsift/device/evict.hpp>
 #include <kvsift/thrust/exec.hpp>
 
 #include <catch2/catch_template_test_macros.hpp>

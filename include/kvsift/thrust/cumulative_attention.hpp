@@ -245,7 +245,7 @@ void cumulative_attention_scores(const Policy& exec, const segmented_rows<T>& ke
 }
 
 // score::cumulative_attention's round over one (request, layer) of a device store
-// (thrust/evict.hpp): every buffered prompt query.
+// (device/evict.hpp): every buffered prompt query.
 inline std::size_t score_round_workspace_bytes(const score::cumulative_attention&,
                                                const round_shape& r) {
   return cumulative_attention_workspace_bytes(r.num_items, r.segments, r.group, r.queries);

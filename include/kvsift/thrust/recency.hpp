@@ -51,7 +51,7 @@ void recency_scores(const Policy& exec, const std::int32_t* offsets, const std::
                        detail::recency_fn{offsets, positions, num_segments, out});
 }
 
-// score::recency's round over one (request, layer) of a device store (thrust/evict.hpp): the
+// score::recency's round over one (request, layer) of a device store (device/evict.hpp): the
 // slot index, which orders the tokens as their positions do (positions ascend within a head).
 inline std::size_t score_round_workspace_bytes(const score::recency&, const round_shape&) {
   return 0;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// What a scorer's Thrust round is handed (thrust/evict.hpp): the rows of one (request, layer) of
+// What a scorer's Thrust round is handed (device/evict.hpp): the rows of one (request, layer) of
 // a device store, its kv_heads head-sequences as segments with a local CSR, and the queries the
 // scorer reads (the device query history's rows). Each scorer's round lives beside its Thrust
 // algorithm, in the file of the same name (thrust/recency.hpp, thrust/window_attention.hpp,

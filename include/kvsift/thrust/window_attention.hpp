@@ -255,7 +255,7 @@ void window_attention_scores(const Policy& exec, const segmented_rows<T>& keys,
 }
 
 // score::window_attention's round over one (request, layer) of a device store
-// (thrust/evict.hpp): the newest min(window, buffered) queries vote.
+// (device/evict.hpp): the newest min(window, buffered) queries vote.
 inline std::size_t score_round_workspace_bytes(const score::window_attention& sc,
                                                const round_shape& r) {
   return window_attention_workspace_bytes(r.num_items, r.segments, r.group,

@@ -38,7 +38,7 @@ struct schedule::evict {
 };
 
 // What every evict state shares, whatever memory its store is in (exec::host here, a device exec
-// in thrust/evict.hpp): the budget checks before anything is appended and the trigger's choice of
+// in device/evict.hpp): the budget checks before anything is appended and the trigger's choice of
 // the requests whose round runs. All host arithmetic on lengths and budgets (shapes); `frozen(seq)`
 // is a head-sequence's final prefix, `steps` the per-(request, layer) decode steps.
 namespace detail {
