@@ -74,6 +74,9 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
                     (Exec_::host_visible && HostAccessible<typename Store_::memory_space>),
                 "kvsift::method: the Store's memory must be the Exec's (exec::host runs over "
                 "host-accessible stores)");
+  static_assert(Exec_::host_visible || requires { typename state_type::plan_type; },
+                "kvsift::method on a device exec: this schedule has no device state yet "
+                "(device/evict.hpp runs schedule::evict over a thrust::dense_store)");
   static_assert(schedule_tag::tiers == 1 || TieredStore<Store_>,
                 "kvsift::method: a two-tier schedule (deferred_recall, speculative) needs a "
                 "two-tier store (store::tiered)");
