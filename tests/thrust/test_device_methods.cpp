@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// method<> over device memory (device/evict.hpp): full KV, StreamingLLM, H2O, SnapKV and PyramidKV
+// method<> over device memory (device/evict.hpp): full KV, StreamingLLM, H2O, SnapKV, PyramidKV and LagKV
 // as method<thrust::dense_store<T, E>, Recipe, E> on exec::sim, run beside the same method on
 // exec::host over store::dense with the same inputs: ragged batches (a random subset of the
 // requests each step, in random order), chunked prefill, a reset request re-prefilled
@@ -14,6 +14,7 @@
 // test's, not the method's.
 
 #include <kvsift/method/baselines.hpp>
+#include <kvsift/method/lagkv.hpp>
 #include <kvsift/store/dense.hpp>
 #include <kvsift/device/evict.hpp>
 #include <kvsift/thrust/exec.hpp>
@@ -65,6 +66,7 @@ template <class S, class E> using streaming_t = kvsift::streaming_llm<S, E>;
 template <class S, class E> using h2o_t = kvsift::h2o<S, E>;
 template <class S, class E> using snapkv_t = kvsift::snapkv<S, E>;
 template <class S, class E> using pyramidkv_t = kvsift::pyramidkv<S, E>;
+template <class S, class E> using lagkv_t = kvsift::lagkv<S, E>;
 
 // Host arrays of T and their device copies.
 template <class T, class E>
@@ -90,9 +92,12 @@ std::vector<U> peek(const U* p, std::int64_t n) {
   return std::vector<U>(p, p + n);
 }
 
+// `e` runs the method (its arena is the one counted); `engine` holds what the engine hands over
+// (the prompts and the step's tokens), in E's memory space but allocated apart, as an engine's
+// activations are its own.
 template <class T, class E, class HostM, class DevM, class Params>
-void run_pair(const E& e, sim_arena& arena, const Params& params, std::uint32_t seed,
-              const std::string& name) {
+void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& params,
+              std::uint32_t seed, const std::string& name) {
   INFO(name << " seed " << seed);
   std::mt19937 rng(seed);
   kvsift::store::dense<T> hs(shape, requests, capacity);
@@ -109,8 +114,8 @@ void run_pair(const E& e, sim_arena& arena, const Params& params, std::uint32_t 
     const auto v = random_array<T>(rng, k.size());
     std::vector<float> q(static_cast<std::size_t>(shape.layers) * n * Q * d);
     for (auto& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
-    twin<T, E> kd(e, k), vd(e, v);
-    twin<float, E> qd(e, q);
+    twin<T, E> kd(engine, k), vd(engine, v);
+    twin<float, E> qd(engine, q);
     const int pieces = 1 + static_cast<int>(rng() % 3);
     for (int l = 0; l < shape.layers; ++l) {
       int at = 0;
@@ -138,7 +143,7 @@ void run_pair(const E& e, sim_arena& arena, const Params& params, std::uint32_t 
   for (int r = 0; r < requests; ++r) prefill(r, 10 + static_cast<int>(rng() % 31));
   ds.check();
 
-  buffer<float, E> out_d(e, static_cast<std::size_t>(requests) * Q * d);
+  buffer<float, E> out_d(engine, static_cast<std::size_t>(requests) * Q * d);
   std::vector<float> out_h(out_d.size());
   for (int step = 0; step < 14; ++step) {
     if (step == 6) {  // continuous batching: request 1 ends, a new prompt takes its slot
@@ -155,8 +160,8 @@ void run_pair(const E& e, sim_arena& arena, const Params& params, std::uint32_t 
     const auto v = random_array<T>(rng, k.size());
     std::vector<float> q(static_cast<std::size_t>(shape.layers) * B * Q * d);
     for (auto& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
-    twin<T, E> kd(e, k), vd(e, v);
-    twin<float, E> qd(e, q);
+    twin<T, E> kd(engine, k), vd(engine, v);
+    twin<float, E> qd(engine, q);
     for (int l = 0; l < shape.layers; ++l) {
       std::vector<kvsift::decode_token<T>> th(B), td(B);
       for (std::size_t i = 0; i < B; ++i) {
@@ -205,10 +210,11 @@ void run_pair(const E& e, sim_arena& arena, const Params& params, std::uint32_t 
 template <class T, class E, template <class, class> class M, class Params>
 void run_composition(const Params& params, const std::string& name) {
   for (std::uint32_t seed : {11u, 12u}) {
-    sim_arena arena;
-    const E e{arena};
+    sim_arena engine_arena, arena;
+    const E engine{engine_arena}, e{arena};
     using P = typename compositions<T, E>::template pair<M>;
-    run_pair<T, E, typename P::first_type, typename P::second_type>(e, arena, params, seed, name);
+    run_pair<T, E, typename P::first_type, typename P::second_type>(e, arena, engine, params, seed,
+                                                                    name);
   }
 }
 
@@ -221,6 +227,9 @@ void run_all() {
   run_composition<T, E, h2o_t>(kvsift::h2o_params<HS>(16), "h2o");
   run_composition<T, E, snapkv_t>(kvsift::snapkv_params<HS>(20, 8, 3), "snapkv");
   run_composition<T, E, pyramidkv_t>(kvsift::pyramidkv_params<HS>(20, 8, 3), "pyramidkv");
+  run_composition<T, E, lagkv_t>(kvsift::lagkv_params<HS>(4, 6, 0.5), "lagkv");
+  run_composition<T, E, lagkv_t>(
+      kvsift::lagkv_params<HS>(3, 5, 0.4, 1.0, kvsift::score::lag_variant::knorm), "lagkv knorm");
 }
 
 }  // namespace

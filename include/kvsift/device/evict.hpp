@@ -27,13 +27,15 @@
 //
 // The parts: the selector is select::topk (thrust::segmented_topk with the same protection; a
 // head exactly one over its budget drops its worst unprotected token with segmented_evict_one,
-// the same set without a sort); the scorer has a Thrust round (thrust::ThrustScorer: recency,
-// window_attention, cumulative_attention); budgeters and triggers are host arithmetic. H2O's
+// the same set without a sort) or select::partition_topk; the scorer has a Thrust round
+// (thrust::ThrustScorer: recency, window_attention, cumulative_attention, lag_relative); budgeters and triggers are host arithmetic. H2O's
 // running scores are the store's side column 0, which moves with its rows; each decode step adds
 // the step's attention (thrust::attention_over's weights) to it. The queries a scorer reads are
 // buffered in E memory (per (request, layer): the newest `window`, or every prompt query).
-// Not yet on a device exec: LagKV's partition_topk, DynamicKV's progressive budgeter, Quest's
-// sparse_read and the two-tier schedules (a static_assert says which).
+// LagKV's partition_topk runs as one segmented_topk over its scored partitions packed back to
+// back (at decode one per head: the same sort every step), its frozen prefixes a host shadow.
+// Not yet on a device exec: DynamicKV's progressive budgeter, Quest's sparse_read and the
+// two-tier schedules (a static_assert says which).
 //
 // Errors: what the host can see is checked before anything changes, as on the host. Values are
 // device data: a NaN or Inf key or value is found by the store on the device and raised by
@@ -44,11 +46,13 @@
 #include <kvsift/method/lifecycle.hpp>
 #include <kvsift/method/schedule/evict.hpp>
 #include <kvsift/method/schedule/one_tier.hpp>
+#include <kvsift/select/partition_topk.hpp>
 #include <kvsift/select/topk.hpp>
 #include <kvsift/thrust/attention.hpp>
 #include <kvsift/thrust/cumulative_attention.hpp>
 #include <kvsift/thrust/dense_store.hpp>
 #include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/lag.hpp>
 #include <kvsift/thrust/recency.hpp>
 #include <kvsift/thrust/round.hpp>
 #include <kvsift/thrust/segmented_topk.hpp>
@@ -115,6 +119,52 @@ struct plan_every_slot_fn {
         s % kv_heads;
     slots[e] = j;
     positions[e] = store_positions[seq * capacity + j];
+  }
+};
+
+// LagKV's scored partitions back to back: dst[g * lag + j] = scores[src[g] + j].
+struct pack_partitions_fn {
+  const float* scores;
+  const std::int32_t* src;  // [partitions] start of each in the packed scores
+  int lag;
+  float* dst;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    dst[e] = scores[src[e / lag] + e % lag];
+  }
+};
+
+// offsets[g] = g * n, kept[g] = g * k: uniform CSRs of the partitions and their picks.
+struct uniform_offsets_fn {
+  int n, k;
+  std::int32_t* offsets;
+  std::int32_t* kept;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t g) const {
+    offsets[g] = static_cast<std::int32_t>(g * n);
+    kept[g] = static_cast<std::int32_t>(g * k);
+  }
+};
+
+// Entry t of head h's kept slots (ascending): the prefix [0, base), then the k picks of each
+// scored partition q (local to it: base + q * lag + pick), then the tail [tail, n).
+// desc: [heads + 1] kept CSR, then base, tail, scored partitions, first partition per head.
+struct partition_kept_fn {
+  const std::int32_t* desc;
+  int heads, lag, k;
+  const std::int32_t* picked;  // [partitions * k] ascending per partition
+  std::int32_t* kept;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const int h = segment_of(desc, heads, t);
+    const int i = static_cast<int>(t - desc[h]);
+    const int base = desc[heads + 1 + h], tail = desc[2 * heads + 1 + h];
+    const int scored = desc[3 * heads + 1 + h], first = desc[4 * heads + 1 + h];
+    if (i < base) {
+      kept[t] = i;
+    } else if (i < base + scored * k) {
+      const int q = (i - base) / k;
+      kept[t] = base + q * lag + picked[static_cast<std::int64_t>(first + q) * k + (i - base) % k];
+    } else {
+      kept[t] = tail + (i - base - scored * k);
+    }
   }
 };
 
@@ -226,15 +276,17 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   static constexpr hooks selector_hooks = hooks_of<Selector>;
   static constexpr bool observes = hooks_of<Scorer>.observe;
   static constexpr bool compresses = !requires { requires Selector::keeps_everything; };
-  static_assert(!compresses || std::is_same_v<Selector, select::topk>,
-                "kvsift::method on a device exec: the evict schedule selects with select::topk "
-                "(LagKV's partition_topk runs on exec::host only, for now)");
+  static constexpr bool partitions = std::is_same_v<Selector, select::partition_topk>;
+  static_assert(!compresses || std::is_same_v<Selector, select::topk> || partitions,
+                "kvsift::method on a device exec: the evict schedule selects with select::topk or "
+                "select::partition_topk (thrust::segmented_topk); this selector has no Thrust path");
   static_assert(!hooks_of<Budgeter>.revise,
                 "kvsift::method on a device exec: a progressive budgeter (DynamicKV) runs on "
                 "exec::host only, for now");
   static_assert(!compresses || thrust::ThrustScorer<Scorer, T, Policy>,
                 "kvsift::method on a device exec: the Scorer needs a Thrust round "
-                "(thrust::score_round: recency, window_attention and cumulative_attention have one)");
+                "(thrust::score_round: recency, window_attention, cumulative_attention and "
+                "lag_relative have one)");
   static_assert(!observes || std::is_same_v<Scorer, score::cumulative_attention>,
                 "kvsift::method on a device exec: the only observing scorer with a Thrust observe "
                 "is cumulative_attention (H2O)");
@@ -277,10 +329,23 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
         step_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * (H_ + 1)),
         step_positions_(exec_, static_cast<std::size_t>(m.store().requests())),
         attention_ws_(exec_, thrust::attention_workspace_bytes(per_round(), G_, 1)),
+        base_(exec_, static_cast<std::size_t>(H_)),
+        part_src_(exec_, max_partitions(m)),
+        part_offsets_(exec_, max_partitions(m) + 1),
+        part_kept_offsets_(exec_, max_partitions(m) + 1),
+        head_desc_d_(exec_, partitions ? static_cast<std::size_t>(5 * H_ + 1) : 0),
+        part_scores_(exec_, partitions ? per_round() : 0),
+        picked_(exec_, partitions ? per_round() : 0),
+        frozen_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers * H_, 0),
         weights_(exec_, observes ? per_round() * G_ : 0),
         observe_out_(exec_, observes ? static_cast<std::size_t>(m.store().shape().q_heads) *
                                            m.store().shape().head_dim
-                                     : 0) {}
+                                     : 0) {
+    if constexpr (partitions) reserve_decode_round(m);
+  }
+
+  // Final prefix of a head-sequence (LagKV's: slots before it are never rescored; 0 otherwise).
+  [[nodiscard]] int frozen(std::int64_t seq) const { return frozen_[static_cast<std::size_t>(seq)]; }
 
   template <class M>
   void check_chunk(const M& m, std::string_view where, int layer,
@@ -341,7 +406,7 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
                     std::span<const decode_token<T>> tokens) const {
     base::check_decode_room(m, where, layer, tokens);
     if constexpr (compresses && selector_hooks.check) {
-      detail::evict_check_decode(m, layer, tokens, steps_, [](std::int64_t) { return 0; });
+      detail::evict_check_decode(m, layer, tokens, steps_, [&](std::int64_t seq) { return frozen_[seq]; });
     }
   }
 
@@ -425,7 +490,11 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   void reset(M& m, int request) {
     m.store().reset(request);
     this->reset_steps(m, request);
-    for (int l = 0; l < m.store().shape().layers; ++l) history_.clear(m.slot(request, l));
+    const auto& sh = m.store().shape();
+    for (int l = 0; l < sh.layers; ++l) {
+      history_.clear(m.slot(request, l));
+      for (int h = 0; h < H_; ++h) frozen_[sh.sequence(request, l, h)] = 0;
+    }
     if constexpr (hooks_of<Budgeter>.reset) m.parts().budgeter.reset(request);
   }
 
@@ -440,7 +509,35 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
       const int w = Scorer::needs_queries ? m.parts().scorer.query_window() : 0;
       return score_round_workspace_bytes(
           m.parts().scorer, thrust::round_shape{static_cast<std::int64_t>(per_round()), H_, G_,
-                                                w < 0 ? cap_ : w});
+                                                w < 0 ? cap_ : w, m.store().shape().head_dim});
+    } else {
+      return 0;
+    }
+  }
+  // A LagKV decode round scores one partition per head: sort the same number of keys once now,
+  // so the exec's arena holds that sort's scratch (Thrust's temporary storage, which the arena
+  // caches by size) and no decode step allocates it (the capture law).
+  template <class M>
+  void reserve_decode_round(const M& m) {
+    const auto& sel = m.parts().selector;
+    const int L = sel.p.lag, k = sel.keep_per_partition();
+    if (static_cast<std::size_t>(H_) * L > part_scores_.size()) return;  // no round can fire
+    const auto policy = exec_.policy();
+    ::thrust::fill_n(policy, part_scores_.data(), static_cast<std::int64_t>(H_) * L, 0.0f);
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), H_ + 1,
+                         thrust::detail::uniform_offsets_fn{L, k, part_offsets_.data(),
+                                                            part_kept_offsets_.data()});
+    thrust::segmented_topk(policy, part_scores_.data(), part_offsets_.data(), H_,
+                           static_cast<std::int64_t>(H_) * L, part_kept_offsets_.data(),
+                           static_cast<std::int64_t>(H_) * k, picked_.data(), topk_ws_.data(),
+                           topk_ws_.size(), {}, /*check=*/false);
+  }
+
+  // partition_topk's scored partitions per round, at most.
+  template <class M>
+  [[nodiscard]] std::size_t max_partitions(const M& m) const {
+    if constexpr (partitions) {
+      return static_cast<std::size_t>(H_) * (cap_ / m.parts().selector.p.lag + 1);
     } else {
       return 0;
     }
@@ -481,86 +578,185 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
 
   // One round for `requests` of `layer`: score, budget, select, retain — where the trigger fires.
   // Budgets and firing are the host state's (detail::evict_firing); each firing request's round
-  // runs on the device over its KV heads.
+  // runs on the device over its KV heads, its counts (and LagKV's partitions) host arithmetic.
   template <class M>
   void compress(M& m, int layer, const std::vector<int>& requests, lifecycle_event event) {
     if (requests.empty()) return;
     auto& st = m.store();
     const auto& sh = st.shape();
-    const auto& sel = m.parts().selector;
-    detail::evict_firing(m, layer, requests, event, steps_, [](std::int64_t) { return 0; },
-                         lengths_, budgets_, firing_, firing_budgets_);
+    detail::evict_firing(m, layer, requests, event, steps_,
+                         [&](std::int64_t seq) { return frozen_[seq]; }, lengths_, budgets_, firing_,
+                         firing_budgets_);
     if (firing_.empty()) return;
-    ++refreshes_;
     layer_budgets_[layer] = firing_budgets_.front();
-    const auto policy = exec_.policy();
+    int rounds = 0;  // partition_topk: the rounds of LagKV's recursion the call amounts to
     for (std::size_t i = 0; i < firing_.size(); ++i) {
       const int r = firing_[i];
       const std::int64_t seq0 = sh.sequence(r, layer, 0);
-      // host: each head's length, kept count (min(budget, n)) and protected window
       round_local_.assign(1, 0);
-      kept_host_.assign(1, 0);
-      counts_.clear();
-      windows_.clear();
-      bool shrinks = false, one_over = true;
-      for (int h = 0; h < H_; ++h) {
-        const int n = st.length(seq0 + h);
-        const int b = firing_budgets_[i * H_ + h];
-        const int keep = std::min(b, n);
-        round_local_.push_back(round_local_.back() + n);
-        kept_host_.push_back(kept_host_.back() + keep);
-        counts_.push_back(keep);
-        windows_.push_back(b < n ? sel.window_for(b) : 0);
-        shrinks = shrinks || keep < n;
-        one_over = one_over && n == b + 1;
-      }
-      const std::int64_t N = round_local_.back();
-      const std::int64_t kept_total = kept_host_.back();
-      const bool from_prompt = event != lifecycle_event::decode_step;
-      if (!shrinks && !(observes && from_prompt)) continue;
-      thrust::copy_to_device(exec_, std::span<const std::int32_t>(round_local_), round_offsets_);
-      const auto [k, v] = rows_of(m, r, layer, round_offsets_.data());
-      // scores: the scorer's round at the prompt; H2O's running scores during decode
-      if (observes && !from_prompt) {
-        thrust::pack_rows(policy, thrust::segmented_rows<float>{st.column(0) + seq0 * cap_,
-                                                                round_offsets_.data(), nullptr,
-                                                                cap_, H_, 1},
-                          N, scores_.data(), static_cast<std::int32_t*>(nullptr));
+      for (int h = 0; h < H_; ++h) round_local_.push_back(round_local_.back() + st.length(seq0 + h));
+      bool shrinks = false;
+      if constexpr (partitions) {
+        shrinks = plan_partitions(m, seq0, rounds);
       } else {
-        int nq = 0;
-        const std::size_t slot = m.slot(r, layer);
-        if constexpr (Scorer::needs_queries) {
-          const int w = m.parts().scorer.query_window();
-          nq = w < 0 ? history_.rows(slot) : std::min(w, history_.rows(slot));
-          const std::int32_t first = history_.first(slot) + (history_.rows(slot) - nq);
-          thrust::copy_to_device(exec_, std::span<const std::int32_t>(&first, 1), query_first_);
-        }
-        const thrust::round_input<T> in{k, v, N, nq > 0 ? history_.newest(slot, nq) : nullptr,
-                                        query_first_.data(), nq, H_, G_};
-        thrust::score_round(policy, m.parts().scorer, in, scores_.data(), score_ws_.data(),
-                            score_ws_.size());
-        if constexpr (observes) {  // the prompt's scores start the running scores
-          ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), N,
-                               thrust::detail::scatter_column_fn{scores_.data(),
-                                                                 round_offsets_.data(), H_, cap_,
-                                                                 st.column(0) + seq0 * cap_});
-        }
+        shrinks = plan_topk(m, i, seq0);
       }
-      if (!shrinks) continue;
-      // select: sink and window protected, the rest by score (ties to the lower slot)
+      const bool from_prompt = event != lifecycle_event::decode_step;
+      const bool scores_needed = partitions ? rounds_here_ : shrinks || (observes && from_prompt);
+      if (!scores_needed) continue;
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(round_local_), round_offsets_);
+      round_scores(m, r, layer, from_prompt);
+      if (shrinks) {
+        select(m);
+        st.retain(r, layer, counts_, kept_.data());
+      }
+      if constexpr (partitions) {
+        for (int h = 0; h < H_; ++h) frozen_[seq0 + h] = new_frozen_[h];
+      }
+    }
+    refreshes_ += partitions ? rounds : 1;
+  }
+
+  // select::topk's counts: min(budget, n) per head, the sink and the last window_for(budget)
+  // protected where the head is over its budget. Whether any head shrinks.
+  template <class M>
+  bool plan_topk(const M& m, std::size_t i, std::int64_t seq0) {
+    const auto& sel = m.parts().selector;
+    kept_host_.assign(1, 0);
+    counts_.clear();
+    windows_.clear();
+    bool shrinks = false;
+    one_over_ = true;
+    for (int h = 0; h < H_; ++h) {
+      const int n = m.store().length(seq0 + h);
+      const int b = firing_budgets_[i * H_ + h];
+      const int keep = std::min(b, n);
+      kept_host_.push_back(kept_host_.back() + keep);
+      counts_.push_back(keep);
+      windows_.push_back(b < n ? sel.window_for(b) : 0);
+      shrinks = shrinks || keep < n;
+      one_over_ = one_over_ && n == b + 1;
+    }
+    return shrinks;
+  }
+
+  // select::partition_topk's layout (its semantics: base = min(max(frozen, sink), n), P full
+  // partitions of [base, n); with P >= 2 the prefix, the top k of partitions 0..P-2 and the tail)
+  // on the host: the scored partitions (where each starts in the packed scores) and, per head,
+  // the kept CSR, base, tail, scored partitions and the first of them. Whether any head shrinks.
+  template <class M>
+  bool plan_partitions(const M& m, std::int64_t seq0, int& rounds) {
+    const auto& sel = m.parts().selector;
+    const int L = sel.p.lag, k = sel.keep_per_partition();
+    bases_.clear();
+    counts_.clear();
+    new_frozen_.clear();
+    part_src_host_.clear();
+    head_desc_.assign(static_cast<std::size_t>(5 * H_ + 1), 0);  // kept CSR, base, tail, parts, first
+    bool shrinks = false;
+    rounds_here_ = false;
+    for (int h = 0; h < H_; ++h) {
+      const int n = m.store().length(seq0 + h);
+      const int base = std::min(std::max(frozen_[seq0 + h], sel.p.sink), n);
+      const int P = (n - base) / L;
+      const int scored = P >= 2 ? P - 1 : 0;
+      bases_.push_back(base);
+      new_frozen_.push_back(scored > 0 ? base + scored * k : frozen_[seq0 + h]);
+      counts_.push_back(n - scored * (L - k));
+      head_desc_[h + 1] = head_desc_[h] + counts_.back();
+      head_desc_[H_ + 1 + h] = scored > 0 ? base : n;  // no partition: every slot is "prefix"
+      head_desc_[2 * H_ + 1 + h] = base + scored * L;
+      head_desc_[3 * H_ + 1 + h] = scored;
+      head_desc_[4 * H_ + 1 + h] = static_cast<int>(part_src_host_.size());
+      for (int p = 0; p < scored; ++p) part_src_host_.push_back(round_local_[h] + base + p * L);
+      rounds = std::max(rounds, scored);
+      rounds_here_ = rounds_here_ || scored > 0;
+      shrinks = shrinks || counts_.back() < n;
+    }
+    return shrinks;
+  }
+
+  // The round's scores into scores_ (packed by round_offsets_): H2O's running scores during
+  // decode, else the scorer's Thrust round over the buffered queries (and, for H2O at the
+  // prompt, the start of its running scores).
+  template <class M>
+  void round_scores(M& m, int r, int layer, bool from_prompt) {
+    auto& st = m.store();
+    const std::int64_t seq0 = st.shape().sequence(r, layer, 0);
+    const std::int64_t N = round_local_.back();
+    const auto policy = exec_.policy();
+    if (observes && !from_prompt) {
+      thrust::pack_rows(policy, thrust::segmented_rows<float>{st.column(0) + seq0 * cap_,
+                                                              round_offsets_.data(), nullptr,
+                                                              cap_, H_, 1},
+                        N, scores_.data(), static_cast<std::int32_t*>(nullptr));
+      return;
+    }
+    int nq = 0;
+    const std::size_t slot = m.slot(r, layer);
+    if constexpr (Scorer::needs_queries) {
+      const int w = m.parts().scorer.query_window();
+      nq = w < 0 ? history_.rows(slot) : std::min(w, history_.rows(slot));
+      const std::int32_t first = history_.first(slot) + (history_.rows(slot) - nq);
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(&first, 1), query_first_);
+    }
+    if constexpr (partitions) {
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(bases_), base_);
+    }
+    const auto [k, v] = rows_of(m, r, layer, round_offsets_.data());
+    const thrust::round_input<T> in{k, v, N, nq > 0 ? history_.newest(slot, nq) : nullptr,
+                                    query_first_.data(), nq, H_, G_,
+                                    partitions ? base_.data() : nullptr};
+    thrust::score_round(policy, m.parts().scorer, in, scores_.data(), score_ws_.data(),
+                        score_ws_.size());
+    if constexpr (observes) {  // the prompt's scores start the running scores
+      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), N,
+                           thrust::detail::scatter_column_fn{scores_.data(), round_offsets_.data(),
+                                                             H_, cap_, st.column(0) + seq0 * cap_});
+    }
+  }
+
+  // The kept slots into kept_ (ascending per head, counts_ per head).
+  template <class M>
+  void select(const M& m) {
+    const auto policy = exec_.policy();
+    const std::int64_t N = round_local_.back();
+    if constexpr (partitions) {
+      // the scored partitions packed back to back (L each; at decode the same count every step,
+      // so the sort's scratch is the same size), their top k, then each head's kept slots
+      const auto& sel = m.parts().selector;
+      const int L = sel.p.lag, k = sel.keep_per_partition();
+      const auto parts = static_cast<std::int64_t>(part_src_host_.size());
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(part_src_host_), part_src_);
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(head_desc_), head_desc_d_);
+      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), parts * L,
+                           thrust::detail::pack_partitions_fn{scores_.data(), part_src_.data(), L,
+                                                              part_scores_.data()});
+      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), parts + 1,
+                           thrust::detail::uniform_offsets_fn{L, k, part_offsets_.data(),
+                                                              part_kept_offsets_.data()});
+      thrust::segmented_topk(policy, part_scores_.data(), part_offsets_.data(),
+                             static_cast<int>(parts), parts * L, part_kept_offsets_.data(),
+                             parts * k, picked_.data(), topk_ws_.data(), topk_ws_.size(), {},
+                             /*check=*/false);
+      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), head_desc_[H_],
+                           thrust::detail::partition_kept_fn{head_desc_d_.data(), H_, L, k,
+                                                             picked_.data(), kept_.data()});
+    } else {
+      const auto& sel = m.parts().selector;
+      const std::int64_t total = kept_host_.back();
       thrust::copy_to_device(exec_, std::span<const std::int32_t>(kept_host_), kept_offsets_);
       thrust::copy_to_device(exec_, std::span<const std::int32_t>(windows_), window_);
       const thrust::topk_protection protect{sel.p.sink, window_.data()};
-      if (one_over) {
+      if (one_over_) {  // each head drops its worst unprotected slot: no sort
         thrust::segmented_evict_one(policy, scores_.data(), round_offsets_.data(), H_,
-                                    kept_offsets_.data(), kept_total, kept_.data(),
-                                    victims_.data(), protect);
+                                    kept_offsets_.data(), total, kept_.data(), victims_.data(),
+                                    protect);
       } else {
         thrust::segmented_topk(policy, scores_.data(), round_offsets_.data(), H_, N,
-                               kept_offsets_.data(), kept_total, kept_.data(), topk_ws_.data(),
+                               kept_offsets_.data(), total, kept_.data(), topk_ws_.data(),
                                topk_ws_.size(), protect, /*check=*/false);
       }
-      st.retain(r, layer, counts_, kept_.data());
     }
   }
 
@@ -576,10 +772,19 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   thrust::buffer<std::int32_t, E> plan_offsets_, plan_slots_, plan_positions_, batch_,
       step_offsets_, step_positions_;
   mutable thrust::buffer<std::byte, E> attention_ws_;  // attend() is const
+  // LagKV's rounds: bases, the scored partitions, the per-head descriptor, the packed scores and
+  // each partition's picks
+  thrust::buffer<std::int32_t, E> base_, part_src_, part_offsets_, part_kept_offsets_, head_desc_d_;
+  thrust::buffer<float, E> part_scores_;
+  thrust::buffer<std::int32_t, E> picked_;
+  std::vector<int> frozen_;  // host: [requests * layers * kv_heads] final prefix (partition_topk)
   thrust::buffer<float, E> weights_, observe_out_;  // H2O's observe: the step's attention
   // host scratch (shapes)
   std::vector<std::int32_t> host_local_, host_positions_;  // the step's descriptor
   std::vector<std::int32_t> round_local_, kept_host_;     // a round's
+  std::vector<std::int32_t> bases_, part_src_host_, head_desc_;
+  std::vector<int> new_frozen_;
+  bool one_over_ = false, rounds_here_ = false;
   std::vector<int> counts_, windows_, lengths_, budgets_, firing_, firing_budgets_,
       batch_requests_;
 };

@@ -38,14 +38,14 @@
 
 namespace kvsift {
 
-template <KvStore Store, Exec E = exec::host>
+template <class Store, Exec E = exec::host>
 using lagkv =
     method<Store, recipe<score::lag_relative, select::partition_topk, budget::uniform, trigger::length>, E>;
 
 // The composition's params with the same sink and lag in every part. Validation (at
 // construction, through can_implement): sink > 0, lag > 0, keep_fraction in (0, 1] with
 // floor(keep_fraction * lag) >= 1; otherwise kvsift::error.
-template <KvStore Store, Exec E = exec::host>
+template <class Store, Exec E = exec::host>
 typename lagkv<Store, E>::params lagkv_params(int sink = 16, int lag = 128, double keep_fraction = 0.5,
                                            double value_weight = 1.0,
                                            score::lag_variant variant = score::lag_variant::lag) {
@@ -56,7 +56,7 @@ typename lagkv<Store, E>::params lagkv_params(int sink = 16, int lag = 128, doub
 }
 
 // LagKV's `base` of a head-sequence: slots before it are final (the sink until the first round).
-template <KvStore Store, Exec E>
+template <class Store, Exec E>
 int lagkv_base(const lagkv<Store, E>& m, int request, int layer, int head) {
   const auto seq = m.store().shape().sequence(request, layer, head);
   return std::max(m.schedule_state().frozen(seq), m.parameters().selector.sink);

@@ -21,7 +21,9 @@
 // Workspace from lag_workspace_bytes(N, S, d, lag). Cost O(N d).
 
 #include <kvsift/core/dot.hpp>
+#include <kvsift/score/lag.hpp>
 #include <kvsift/thrust/math.hpp>
+#include <kvsift/thrust/round.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -287,6 +289,30 @@ void lag_scores(const Policy& exec, const segmented_rows<T>& keys, const segment
   ::thrust::for_each_n(exec, zero, num_items,
                        detail::lag_combine_fn{keys.offsets, base, l.part_offsets, S, params, out,
                                               l.sv});
+}
+
+// The Thrust variant of score::lag_relative's.
+constexpr lag_variant variant_of(score::lag_variant v) {
+  switch (v) {
+    case score::lag_variant::local: return lag_variant::local;
+    case score::lag_variant::knorm: return lag_variant::knorm;
+    case score::lag_variant::lag: break;
+  }
+  return lag_variant::lag;
+}
+
+// score::lag_relative's round over one (request, layer) of a device store (device/evict.hpp):
+// the partitions after each head's frozen prefix (in.base).
+inline std::size_t score_round_workspace_bytes(const score::lag_relative& sc, const round_shape& r) {
+  return lag_workspace_bytes(r.num_items, r.segments, r.dim, sc.p.lag);
+}
+template <class Policy, Element T>
+void score_round(const Policy& exec, const score::lag_relative& sc, const round_input<T>& in,
+                 float* out, void* workspace, std::size_t workspace_bytes) {
+  lag_scores(exec, in.keys, in.values, in.base, in.num_items,
+             lag_params{.lag = sc.p.lag, .value_weight = sc.p.value_weight,
+                        .variant = variant_of(sc.p.variant)},
+             out, workspace, workspace_bytes);
 }
 
 }  // namespace kvsift::thrust

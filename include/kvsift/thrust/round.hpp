@@ -27,6 +27,7 @@ struct round_shape {
   int segments = 0;            // kv_heads
   int group = 1;               // query heads per KV head
   int queries = 0;             // the most buffered queries a round reads
+  int dim = 1;                 // head_dim
 };
 
 template <class T>
@@ -39,6 +40,9 @@ struct round_input {
   int num_queries = 0;
   int kv_heads = 1;
   int group = 1;
+  // [kv_heads] first unfrozen slot of each head, min(max(frozen prefix, sink), n): what a
+  // freezing selector (LagKV's partition_topk) has finalised; null for the others
+  const std::int32_t* base = nullptr;
 };
 
 // A scorer with a Thrust round (what the device evict schedule runs).

@@ -132,14 +132,8 @@ inline device_sets device_topk(const dvec<float>& scores, const dvec<i32>& offse
 
 // The case's `variant` as the Thrust backend's enum (score::parse_lag_variant's names).
 inline kt::lag_variant lag_variant_of(const kc::case_data& c) {
-  switch (kvsift::score::parse_lag_variant(c.param_s("variant"))) {
-    case kvsift::score::lag_variant::lag: return kt::lag_variant::lag;
-    case kvsift::score::lag_variant::local: return kt::lag_variant::local;
-    case kvsift::score::lag_variant::knorm: return kt::lag_variant::knorm;
-  }
-  throw kc::runner_error("unknown variant");
+  return kt::variant_of(kvsift::score::parse_lag_variant(c.param_s("variant")));
 }
-
 // LagKV's prompt on the device (method.lagkv.prefill, and the prompt round of
 // method.lagkv.decode). The rounds of SPEC's chunk-by-chunk recursion (first S + 2L tokens, then
 // chunks of L) score partition p against raw partition p + 1 whatever the chunking, so they run
