@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// method<> over device memory (device/evict.hpp): full KV, StreamingLLM, H2O, SnapKV, PyramidKV and LagKV
+// method<> over device memory (device/evict.hpp): full KV, StreamingLLM, H2O, SnapKV, PyramidKV, DynamicKV
+// and LagKV
 // as method<thrust::dense_store<T, E>, Recipe, E> on exec::sim, run beside the same method on
 // exec::host over store::dense with the same inputs: ragged batches (a random subset of the
 // requests each step, in random order), chunked prefill, a reset request re-prefilled
@@ -14,6 +15,7 @@
 // test's, not the method's.
 
 #include <kvsift/method/baselines.hpp>
+#include <kvsift/method/dynamickv.hpp>
 #include <kvsift/method/lagkv.hpp>
 #include <kvsift/store/dense.hpp>
 #include <kvsift/device/evict.hpp>
@@ -67,6 +69,7 @@ template <class S, class E> using h2o_t = kvsift::h2o<S, E>;
 template <class S, class E> using snapkv_t = kvsift::snapkv<S, E>;
 template <class S, class E> using pyramidkv_t = kvsift::pyramidkv<S, E>;
 template <class S, class E> using lagkv_t = kvsift::lagkv<S, E>;
+template <class S, class E> using dynamickv_t = kvsift::dynamickv<S, E>;
 
 // Host arrays of T and their device copies.
 template <class T, class E>
@@ -227,6 +230,7 @@ void run_all() {
   run_composition<T, E, h2o_t>(kvsift::h2o_params<HS>(16), "h2o");
   run_composition<T, E, snapkv_t>(kvsift::snapkv_params<HS>(20, 8, 3), "snapkv");
   run_composition<T, E, pyramidkv_t>(kvsift::pyramidkv_params<HS>(20, 8, 3), "pyramidkv");
+  run_composition<T, E, dynamickv_t>(kvsift::dynamickv_params<HS>(18, 6, 3, 2, 1), "dynamickv");
   run_composition<T, E, lagkv_t>(kvsift::lagkv_params<HS>(4, 6, 0.5), "lagkv");
   run_composition<T, E, lagkv_t>(
       kvsift::lagkv_params<HS>(3, 5, 0.4, 1.0, kvsift::score::lag_variant::knorm), "lagkv knorm");

@@ -34,8 +34,10 @@
 // buffered in E memory (per (request, layer): the newest `window`, or every prompt query).
 // LagKV's partition_topk runs as one segmented_topk over its scored partitions packed back to
 // back (at decode one per head: the same sort every step), its frozen prefixes a host shadow.
-// Not yet on a device exec: DynamicKV's progressive budgeter, Quest's sparse_read and the
-// two-tier schedules (a static_assert says which).
+// DynamicKV's progressive budgeter revises on the host from the round's scores and kept sets,
+// read back once per prompt round (prefill: no decode step reads anything back), and its orders
+// are retained on the device. Not yet on a device exec: Quest's sparse_read and the two-tier
+// schedules (a static_assert says which).
 //
 // Errors: what the host can see is checked before anything changes, as on the host. Values are
 // device data: a NaN or Inf key or value is found by the store on the device and raised by
@@ -280,9 +282,7 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   static_assert(!compresses || std::is_same_v<Selector, select::topk> || partitions,
                 "kvsift::method on a device exec: the evict schedule selects with select::topk or "
                 "select::partition_topk (thrust::segmented_topk); this selector has no Thrust path");
-  static_assert(!hooks_of<Budgeter>.revise,
-                "kvsift::method on a device exec: a progressive budgeter (DynamicKV) runs on "
-                "exec::host only, for now");
+  static constexpr bool revises = hooks_of<Budgeter>.revise;
   static_assert(!compresses || thrust::ThrustScorer<Scorer, T, Policy>,
                 "kvsift::method on a device exec: the Scorer needs a Thrust round "
                 "(thrust::score_round: recency, window_attention, cumulative_attention and "
@@ -602,19 +602,71 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
         shrinks = plan_topk(m, i, seq0);
       }
       const bool from_prompt = event != lifecycle_event::decode_step;
-      const bool scores_needed = partitions ? rounds_here_ : shrinks || (observes && from_prompt);
+      const bool scores_needed =
+          partitions ? rounds_here_ : shrinks || ((observes || revises) && from_prompt);
       if (!scores_needed) continue;
       thrust::copy_to_device(exec_, std::span<const std::int32_t>(round_local_), round_offsets_);
       round_scores(m, r, layer, from_prompt);
-      if (shrinks) {
-        select(m);
-        st.retain(r, layer, counts_, kept_.data());
-      }
+      if (shrinks) select(m);
+      if constexpr (revises) keep_for_revision(i, shrinks);
+      if (shrinks) st.retain(r, layer, counts_, kept_.data());
       if constexpr (partitions) {
         for (int h = 0; h < H_; ++h) frozen_[seq0 + h] = new_frozen_[h];
       }
     }
     refreshes_ += partitions ? rounds : 1;
+    if constexpr (revises) revise(m, layer, event);
+  }
+
+  // A progressive budgeter (DynamicKV) sees the round's scores and kept sets on the host: they
+  // are read back once per prompt round (prefill, not a decode step), then its orders to shrink
+  // earlier layers are uploaded and retained, as the host state applies them.
+  void keep_for_revision(std::size_t i, bool shrinks) {
+    if (i == 0) {
+      round_sizes_.clear();
+      kept_sizes_.clear();
+      round_scores_host_.clear();
+      round_kept_host_.clear();
+    }
+    const std::int64_t N = round_local_.back();
+    for (int h = 0; h < H_; ++h) {
+      round_sizes_.push_back(round_local_[h + 1] - round_local_[h]);
+      kept_sizes_.push_back(counts_[h]);
+    }
+    const std::size_t at = round_scores_host_.size();
+    round_scores_host_.resize(at + static_cast<std::size_t>(N));
+    thrust::copy_to_host(exec_, scores_, std::span<float>(round_scores_host_.data() + at, N));
+    const std::size_t kat = round_kept_host_.size();
+    if (shrinks) {
+      round_kept_host_.resize(kat + static_cast<std::size_t>(kept_host_.back()));
+      thrust::copy_to_host(exec_, kept_,
+                           std::span<std::int32_t>(round_kept_host_.data() + kat, kept_host_.back()));
+    } else {  // nothing evicted: every slot
+      for (int h = 0; h < H_; ++h) {
+        for (int j = 0; j < counts_[h]; ++j) round_kept_host_.push_back(j);
+      }
+    }
+  }
+  template <class M>
+  void revise(M& m, int layer, lifecycle_event event) {
+    const auto& sh = m.store().shape();
+    if (round_sizes_.size() != firing_.size() * H_) return;  // no request was scored
+    score_sets scores;
+    scores.resize(round_sizes_);
+    std::copy(round_scores_host_.begin(), round_scores_host_.end(), scores.values.begin());
+    index_sets kept;
+    kept.resize(kept_sizes_);
+    std::copy(round_kept_host_.begin(), round_kept_host_.end(), kept.values.begin());
+    revisions_.clear();
+    m.parts().budgeter.revise(
+        budget_round{layer, sh.layers, sh.kv_heads, event, firing_, &scores, &kept}, revisions_);
+    for (const auto& rv : revisions_) {
+      counts_.clear();
+      for (int h = 0; h < H_; ++h) counts_.push_back(rv.kept.size(h));
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(rv.kept.values), kept_);
+      m.store().retain(rv.request, rv.layer, counts_, kept_.data());
+      if (rv.request == firing_.front()) layer_budgets_[rv.layer] = rv.budget;
+    }
   }
 
   // select::topk's counts: min(budget, n) per head, the sink and the last window_for(budget)
@@ -784,6 +836,11 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   std::vector<std::int32_t> round_local_, kept_host_;     // a round's
   std::vector<std::int32_t> bases_, part_src_host_, head_desc_;
   std::vector<int> new_frozen_;
+  // a progressive budgeter's view of a round, on the host, and its orders
+  std::vector<int> round_sizes_, kept_sizes_;
+  std::vector<float> round_scores_host_;
+  std::vector<std::int32_t> round_kept_host_;
+  std::vector<budget_revision> revisions_;
   bool one_over_ = false, rounds_here_ = false;
   std::vector<int> counts_, windows_, lengths_, budgets_, firing_, firing_budgets_,
       batch_requests_;

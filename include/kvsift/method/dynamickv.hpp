@@ -24,13 +24,13 @@
 
 namespace kvsift {
 
-template <KvStore Store, Exec E = exec::host>
+template <class Store, Exec E = exec::host>
 using dynamickv =
     method<Store, recipe<score::window_attention, select::topk, budget::dynamic_layer, trigger::never>, E>;
 
 // Params of dynamickv for an average budget of `budget` tokens per head-sequence (window
 // included; budget <= window is an error).
-template <KvStore Store, Exec E = exec::host>
+template <class Store, Exec E = exec::host>
 typename dynamickv<Store, E>::params dynamickv_params(int budget, int window = 8, int kernel = 7,
                                                    int r_max = 10, int interval = 4) {
   return {.scorer = {.window = window, .kernel = kernel, .pool = pooling::avg,
