@@ -47,6 +47,7 @@
 #include <kvsift/core/error.hpp>
 #include <kvsift/method/lifecycle.hpp>
 #include <kvsift/method/schedule/evict.hpp>
+#include <kvsift/device/one_tier.hpp>
 #include <kvsift/method/schedule/one_tier.hpp>
 #include <kvsift/select/partition_topk.hpp>
 #include <kvsift/select/topk.hpp>
@@ -75,17 +76,6 @@
 
 namespace kvsift::thrust {
 
-// The attention plan of a device step: shapes on the host, slots and positions in E memory.
-// Segment i * kv_heads + h is what KV head h of the i-th request of the batch reads, ascending.
-struct device_plan {
-  std::vector<int> requests;          // [R] the batch, in call order
-  std::vector<std::int32_t> offsets;  // [R * kv_heads + 1] host CSR of each segment's slots
-  const std::int32_t* device_offsets = nullptr;  // the same CSR, E memory
-  const std::int32_t* slots = nullptr;           // [size()] E memory: store slots
-  const std::int32_t* positions = nullptr;       // [size()] E memory: their original positions
-  [[nodiscard]] std::int64_t size() const { return offsets.empty() ? 0 : offsets.back(); }
-};
-
 namespace detail {
 
 // Rows [skip, skip + n) of a [tokens, heads, d] view into contiguous [n, heads, d] floats.
@@ -98,29 +88,6 @@ struct copy_query_rows_fn {
     const int c = static_cast<int>(e % q.dim);
     const std::int64_t th = e / q.dim;
     dst[e] = q.row(skip + static_cast<int>(th / q.heads), static_cast<int>(th % q.heads))[c];
-  }
-};
-
-// A plan reading every resident slot of a batch: slot j of segment s, and its position.
-struct plan_every_slot_fn {
-  const std::int32_t* offsets;    // [S + 1] the plan's CSR
-  int segments;
-  const std::int32_t* requests;   // [S / kv_heads] the batch
-  int kv_heads;
-  int layers;
-  int layer;
-  std::int64_t capacity;
-  const std::int32_t* store_positions;  // [sequences, capacity]
-  std::int32_t* slots;
-  std::int32_t* positions;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
-    const int s = segment_of(offsets, segments, e);
-    const int j = static_cast<int>(e - offsets[s]);
-    const std::int64_t seq =
-        (static_cast<std::int64_t>(requests[s / kv_heads]) * layers + layer) * kv_heads +
-        s % kv_heads;
-    slots[e] = j;
-    positions[e] = store_positions[seq * capacity + j];
   }
 };
 
@@ -265,9 +232,9 @@ namespace kvsift {
 
 template <Element T, thrust::SimExec E, class Recipe>
 class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
-    : public detail::one_tier<thrust::dense_store<T, E>> {
+    : public detail::device_one_tier<T, E> {
   using Store = thrust::dense_store<T, E>;
-  using base = detail::one_tier<Store>;
+  using base = detail::device_one_tier<T, E>;
   using Scorer = typename Recipe::scorer;
   using Selector = typename Recipe::selector;
   using Budgeter = typename Recipe::budgeter;
@@ -275,6 +242,14 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   using base::layer_budgets_;
   using base::refreshes_;
   using base::steps_;
+  using base::exec_;
+  using base::H_;
+  using base::G_;
+  using base::cap_;
+  using base::per_round;
+  using base::rows_of;
+  using base::local_offsets;
+  using base::local_items;
   static constexpr hooks selector_hooks = hooks_of<Selector>;
   static constexpr bool observes = hooks_of<Scorer>.observe;
   static constexpr bool compresses = !requires { requires Selector::keeps_everything; };
@@ -306,10 +281,6 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   template <class M>
   explicit state(const M& m)
       : base(m),
-        exec_(m.store().exec()),
-        H_(m.store().shape().kv_heads),
-        G_(m.store().shape().q_heads / m.store().shape().kv_heads),
-        cap_(m.store().capacity()),
         history_(exec_, static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers,
                  Scorer::needs_queries ? m.parts().scorer.query_window() : 0, cap_,
                  m.store().shape().q_heads, m.store().shape().head_dim),
@@ -322,13 +293,6 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
         query_first_(exec_, 1),
         topk_ws_(exec_, compresses ? thrust::segmented_topk_workspace_bytes(per_round()) : 0),
         score_ws_(exec_, score_workspace(m)),
-        plan_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ + 1),
-        plan_slots_(exec_, static_cast<std::size_t>(m.store().requests()) * per_round()),
-        plan_positions_(exec_, plan_slots_.size()),
-        batch_(exec_, static_cast<std::size_t>(m.store().requests())),
-        step_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * (H_ + 1)),
-        step_positions_(exec_, static_cast<std::size_t>(m.store().requests())),
-        attention_ws_(exec_, thrust::attention_workspace_bytes(per_round(), G_, 1)),
         base_(exec_, static_cast<std::size_t>(H_)),
         part_src_(exec_, max_partitions(m)),
         part_offsets_(exec_, max_partitions(m) + 1),
@@ -413,49 +377,14 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   // Appends each request's token, then the plan of every resident slot (E memory).
   template <class M>
   void decode(M& m, int layer, std::span<const decode_token<T>> tokens, thrust::device_plan& plan) {
-    auto& st = m.store();
-    const auto& sh = st.shape();
-    for (const auto& t : tokens) {
-      using view = kv_view<const T, nhd, typename E::memory_space>;
-      st.append(t.request, layer, view::contiguous(t.key, 1, sh.kv_heads, sh.head_dim),
-                view::contiguous(t.value, 1, sh.kv_heads, sh.head_dim),
-                st.next_position(t.request, layer));
-      ++steps_[m.slot(t.request, layer)];
-    }
-    // the step's descriptor: the plan's CSR, the batch, each request's local CSR and position
-    const int R = static_cast<int>(tokens.size());
-    plan.offsets.assign(1, 0);
-    host_local_.clear();
-    host_positions_.clear();
-    for (const auto& t : tokens) {
-      host_local_.push_back(0);
-      for (int h = 0; h < H_; ++h) {
-        const int n = st.length(sh.sequence(t.request, layer, h));
-        plan.offsets.push_back(plan.offsets.back() + n);
-        host_local_.push_back(host_local_.back() + n);
-      }
-      host_positions_.push_back(st.next_position(t.request, layer) - 1);
-    }
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(plan.offsets), plan_offsets_);
-    thrust::copy_to_device(exec_, std::span<const int>(plan.requests), batch_);
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(host_local_), step_offsets_);
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(host_positions_), step_positions_);
-    ::thrust::for_each_n(exec_.policy(), ::thrust::counting_iterator<std::int64_t>(0), plan.size(),
-                         thrust::detail::plan_every_slot_fn{
-                             plan_offsets_.data(), R * H_, batch_.data(), H_, sh.layers, layer,
-                             cap_, st.positions(), plan_slots_.data(), plan_positions_.data()});
-    plan.device_offsets = plan_offsets_.data();
-    plan.slots = plan_slots_.data();
-    plan.positions = plan_positions_.data();
+    this->append_step(m, layer, tokens, plan.requests);
+    this->plan_every_slot(m, layer, plan);
   }
 
   // The library's attention over the step's plan (every resident slot): out [tokens, q_heads, d].
   template <class M>
   void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    const auto& sh = m.store().shape();
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      attend_one(m, layer, i, tokens[i], out + i * sh.q_heads * sh.head_dim, nullptr);
-    }
+    this->attend_step(m, layer, tokens, out);
   }
 
   template <class M>
@@ -464,7 +393,7 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
     const auto& sh = m.store().shape();
     if constexpr (observes) {  // the step's attention into the running scores (side column 0)
       for (std::size_t i = 0; i < tokens.size(); ++i) {
-        attend_one(m, layer, i, tokens[i], observe_out_.data(), weights_.data());
+        this->attend_one(m, layer, i, tokens[i], observe_out_.data(), weights_.data());
         const std::int64_t seq0 = sh.sequence(tokens[i].request, layer, 0);
         thrust::cumulative_attention_observe(exec_.policy(), weights_.data(), local_offsets(i), H_,
                                              local_items(i), G_, m.parts().scorer.p.gqa, nullptr,
@@ -502,7 +431,6 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   void stats(const M&, method_stats& s) const { this->fill_stats(s); }
 
  private:
-  [[nodiscard]] std::size_t per_round() const { return static_cast<std::size_t>(H_) * cap_; }
   template <class M>
   [[nodiscard]] std::size_t score_workspace(const M& m) const {
     if constexpr (compresses) {
@@ -542,40 +470,6 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
       return 0;
     }
   }
-  // Request i of the decode batch: its KV heads' local CSR (E memory) and tokens in all.
-  [[nodiscard]] const std::int32_t* local_offsets(std::size_t i) const {
-    return step_offsets_.data() + i * (H_ + 1);
-  }
-  [[nodiscard]] std::int64_t local_items(std::size_t i) const {
-    return host_local_[i * (H_ + 1) + H_];
-  }
-  template <class M>
-  [[nodiscard]] static std::pair<thrust::segmented_rows<T>, thrust::segmented_rows<T>> rows_of(
-      M& m, int request, int layer, const std::int32_t* offsets) {
-    auto& st = const_cast<Store&>(m.store());
-    const auto& sh = st.shape();
-    const std::int64_t seq0 = sh.sequence(request, layer, 0);
-    const std::int64_t stride = static_cast<std::int64_t>(st.capacity()) * sh.head_dim;
-    const thrust::segmented_rows<T> k{st.keys() + seq0 * stride, offsets,
-                                      st.positions() + seq0 * st.capacity(), stride,
-                                      sh.kv_heads, sh.head_dim};
-    auto v = k;
-    v.data = st.values() + seq0 * stride;
-    return {k, v};
-  }
-
-  // Attention of decode token i over its request's every resident slot: out [q_heads, d]
-  // and/or the weights [G * items] (attention_over's layout).
-  template <class M>
-  void attend_one(const M& m, int layer, std::size_t i, const decode_token<T>& t, float* out,
-                  float* weights) const {
-    const auto [k, v] = rows_of(m, t.request, layer, local_offsets(i));
-    const thrust::window_queries q{t.query, step_positions_.data() + i, 1, H_, G_};
-    const std::int64_t n = local_items(i);
-    thrust::attention_over(exec_.policy(), k, v, q, thrust::attention_plan{}, n, n, out, weights,
-                           attention_ws_.data(), attention_ws_.size());
-  }
-
   // One round for `requests` of `layer`: score, budget, select, retain — where the trigger fires.
   // Budgets and firing are the host state's (detail::evict_firing); each firing request's round
   // runs on the device over its KV heads, its counts (and LagKV's partitions) host arithmetic.
@@ -812,18 +706,13 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
     }
   }
 
-  E exec_;
-  int H_, G_, cap_;
   thrust::device_query_history<E> history_;
-  // E memory, allocated once: a round's scores, kept slots and descriptors; a step's plan,
-  // batch, local CSRs and positions; attention's scratch and H2O's weights
+  // E memory, allocated once (the step's plan and descriptor are device_one_tier's): a round's
+  // scores, kept slots, descriptors and scratch
   thrust::buffer<float, E> scores_;
   thrust::buffer<std::int32_t, E> kept_, kept_offsets_, window_, victims_, round_offsets_,
       query_first_;
   thrust::buffer<std::byte, E> topk_ws_, score_ws_;
-  thrust::buffer<std::int32_t, E> plan_offsets_, plan_slots_, plan_positions_, batch_,
-      step_offsets_, step_positions_;
-  mutable thrust::buffer<std::byte, E> attention_ws_;  // attend() is const
   // LagKV's rounds: bases, the scored partitions, the per-head descriptor, the packed scores and
   // each partition's picks
   thrust::buffer<std::int32_t, E> base_, part_src_, part_offsets_, part_kept_offsets_, head_desc_d_;
@@ -832,7 +721,6 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   std::vector<int> frozen_;  // host: [requests * layers * kv_heads] final prefix (partition_topk)
   thrust::buffer<float, E> weights_, observe_out_;  // H2O's observe: the step's attention
   // host scratch (shapes)
-  std::vector<std::int32_t> host_local_, host_positions_;  // the step's descriptor
   std::vector<std::int32_t> round_local_, kept_host_;     // a round's
   std::vector<std::int32_t> bases_, part_src_host_, head_desc_;
   std::vector<int> new_frozen_;
