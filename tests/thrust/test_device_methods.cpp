@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// method<> over device memory (device/evict.hpp): full KV, StreamingLLM, H2O, SnapKV, PyramidKV, DynamicKV
-// and LagKV
+// method<> over device memory (device/evict.hpp, device/sparse_read.hpp): full KV, StreamingLLM,
+// H2O, SnapKV, PyramidKV, DynamicKV, LagKV and Quest
 // as method<thrust::dense_store<T, E>, Recipe, E> on exec::sim, run beside the same method on
 // exec::host over store::dense with the same inputs: ragged batches (a random subset of the
 // requests each step, in random order), chunked prefill, a reset request re-prefilled
@@ -19,6 +19,7 @@
 #include <kvsift/method/lagkv.hpp>
 #include <kvsift/store/dense.hpp>
 #include <kvsift/device/evict.hpp>
+#include <kvsift/device/sparse_read.hpp>
 #include <kvsift/thrust/exec.hpp>
 
 #include <catch2/catch_template_test_macros.hpp>
@@ -70,6 +71,7 @@ template <class S, class E> using snapkv_t = kvsift::snapkv<S, E>;
 template <class S, class E> using pyramidkv_t = kvsift::pyramidkv<S, E>;
 template <class S, class E> using lagkv_t = kvsift::lagkv<S, E>;
 template <class S, class E> using dynamickv_t = kvsift::dynamickv<S, E>;
+template <class S, class E> using quest_t = kvsift::quest<S, E>;
 
 // Host arrays of T and their device copies.
 template <class T, class E>
@@ -196,6 +198,12 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
       CHECK(positions == std::vector<std::int32_t>(hp.positions.values.begin(),
                                                    hp.positions.values.end()));
       CHECK(slots == std::vector<std::int32_t>(hp.slots.values.begin(), hp.slots.values.end()));
+      if (!hp.pages.offsets.empty() && hp.pages.segments() > 0) {  // a page-level method's pages
+        CHECK(dp.page_offsets ==
+              std::vector<std::int32_t>(hp.pages.offsets.begin(), hp.pages.offsets.end()));
+        CHECK(peek(dp.pages, dp.page_offsets.back()) ==
+              std::vector<std::int32_t>(hp.pages.values.begin(), hp.pages.values.end()));
+      }
       const auto od = peek(out_d.data(), static_cast<std::int64_t>(B) * Q * d);
       float worst = 0.0f;
       for (std::size_t j = 0; j < od.size(); ++j) {
@@ -230,6 +238,7 @@ void run_all() {
   run_composition<T, E, h2o_t>(kvsift::h2o_params<HS>(16), "h2o");
   run_composition<T, E, snapkv_t>(kvsift::snapkv_params<HS>(20, 8, 3), "snapkv");
   run_composition<T, E, pyramidkv_t>(kvsift::pyramidkv_params<HS>(20, 8, 3), "pyramidkv");
+  run_composition<T, E, quest_t>(kvsift::quest_params<HS>(20, 4, 1), "quest");
   run_composition<T, E, dynamickv_t>(kvsift::dynamickv_params<HS>(18, 6, 3, 2, 1), "dynamickv");
   run_composition<T, E, lagkv_t>(kvsift::lagkv_params<HS>(4, 6, 0.5), "lagkv");
   run_composition<T, E, lagkv_t>(
@@ -244,4 +253,59 @@ TEMPLATE_LIST_TEST_CASE("device methods: the evict baselines on exec::sim equal 
   SECTION("f32") { run_all<float, E>(); }
   SECTION("bf16") { run_all<kvsift::bfloat16, E>(); }
   SECTION("f16") { run_all<kvsift::half, E>(); }
+}
+
+// The capture laws over a longer context, where a step's shapes grow past the arena's 256-byte
+// size classes: Quest's page count grows every page_size tokens, H2O's and StreamingLLM's
+// windows roll. 300 decode steps of one request after a 900-token prompt.
+TEMPLATE_LIST_TEST_CASE("device methods: no allocation or read-back in 300 decode steps",
+                        "[thrust][method]", device_execs) {
+  using E = TestType;
+  using S = kvsift::thrust::dense_store<float, E>;
+  constexpr model_shape big{.layers = 1, .q_heads = 8, .kv_heads = 2, .head_dim = 32};
+  constexpr int prompt = 900, steps = 300;
+  const auto run = [&](auto tag, auto params, const char* name) {
+    using M = typename decltype(tag)::type;
+    INFO(name);
+    sim_arena engine_arena, arena;
+    const E engine{engine_arena}, e{arena};
+    S st(e, big, 1, prompt + steps, 1);
+    M m(st, params);
+    std::mt19937 rng(7);
+    const int H = big.kv_heads, Q = big.q_heads, d = big.head_dim;
+    twin<float, E> k(engine, random_array<float>(rng, static_cast<std::size_t>(prompt) * H * d));
+    twin<float, E> v(engine, random_array<float>(rng, k.host.size()));
+    twin<float, E> q(engine, random_array<float>(rng, static_cast<std::size_t>(prompt) * Q * d));
+    using space = typename E::memory_space;
+    m.prefill(0, typename M::chunk_type{
+                     0, kvsift::kv_view<const float, nhd, space>::contiguous(k.device.data(), prompt, H, d),
+                     kvsift::kv_view<const float, nhd, space>::contiguous(v.device.data(), prompt, H, d),
+                     kvsift::kv_view<const float, nhd, space>::contiguous(q.device.data(), prompt, Q, d),
+                     0, true});
+    twin<float, E> sk(engine, random_array<float>(rng, static_cast<std::size_t>(steps) * H * d));
+    twin<float, E> sv(engine, random_array<float>(rng, sk.host.size()));
+    twin<float, E> sq(engine, random_array<float>(rng, static_cast<std::size_t>(steps) * Q * d));
+    buffer<float, E> out(engine, static_cast<std::size_t>(Q) * d);
+    int allocating_steps = 0, reading_steps = 0;
+    for (int t = 0; t < steps; ++t) {
+      const kvsift::decode_token<float> tok{0, sq.device.data() + static_cast<std::size_t>(t) * Q * d,
+                                            sk.device.data() + static_cast<std::size_t>(t) * H * d,
+                                            sv.device.data() + static_cast<std::size_t>(t) * H * d};
+      const auto before = arena.counters();
+      m.decode(0, tok);
+      m.attend(0, tok, out.data());
+      m.after_attention(0, tok);
+      const auto after = arena.counters();
+      if (t > 0 && after.allocations != before.allocations) ++allocating_steps;
+      if (after.d2h_reads != before.d2h_reads) ++reading_steps;
+    }
+    CHECK(allocating_steps == 0);
+    CHECK(reading_steps == 0);
+    st.check();
+  };
+  run(std::type_identity<kvsift::quest<S, E>>{}, kvsift::quest_params<S, E>(256, 16, 0), "quest");
+  run(std::type_identity<kvsift::h2o<S, E>>{}, kvsift::h2o_params<S, E>(256), "h2o");
+  run(std::type_identity<kvsift::streaming_llm<S, E>>{}, kvsift::streaming_llm_params<S, E>(256),
+      "streaming_llm");
+  run(std::type_identity<kvsift::lagkv<S, E>>{}, kvsift::lagkv_params<S, E>(16, 64), "lagkv");
 }

@@ -76,7 +76,8 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
                 "host-accessible stores)");
   static_assert(Exec_::host_visible || requires { typename state_type::plan_type; },
                 "kvsift::method on a device exec: this schedule has no device state yet "
-                "(device/evict.hpp runs schedule::evict over a thrust::dense_store)");
+                "(device/evict.hpp and device/sparse_read.hpp run schedule::evict and "
+                "schedule::sparse_read over a thrust::dense_store)");
   static_assert(schedule_tag::tiers == 1 || TieredStore<Store_>,
                 "kvsift::method: a two-tier schedule (deferred_recall, speculative) needs a "
                 "two-tier store (store::tiered)");

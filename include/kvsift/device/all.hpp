@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Every schedule state over device memory (CCCL only): include this, then compose a method over a
+// thrust::dense_store on a device exec, e.g. kvsift::h2o<kvsift::thrust::dense_store<T, E>, E>.
+
+#include <kvsift/device/evict.hpp>        // full KV, StreamingLLM, H2O, SnapKV, PyramidKV, DynamicKV, LagKV
+#include <kvsift/device/sparse_read.hpp>  // Quest
