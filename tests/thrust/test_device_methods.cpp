@@ -24,6 +24,7 @@
 
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -256,20 +257,21 @@ TEMPLATE_LIST_TEST_CASE("device methods: the evict baselines on exec::sim equal 
 }
 
 // The capture laws over a longer context, where a step's shapes grow past the arena's 256-byte
-// size classes: Quest's page count grows every page_size tokens, H2O's and StreamingLLM's
-// windows roll. 300 decode steps of one request after a 900-token prompt.
+// size classes: Quest's page count grows every page_size tokens (and, after a short prompt, its
+// first selection comes mid-decode), H2O's and StreamingLLM's windows roll. 300 decode steps of
+// one request after a 900-token (or 100-token) prompt.
 TEMPLATE_LIST_TEST_CASE("device methods: no allocation or read-back in 300 decode steps",
                         "[thrust][method]", device_execs) {
   using E = TestType;
   using S = kvsift::thrust::dense_store<float, E>;
   constexpr model_shape big{.layers = 1, .q_heads = 8, .kv_heads = 2, .head_dim = 32};
-  constexpr int prompt = 900, steps = 300;
-  const auto run = [&](auto tag, auto params, const char* name) {
+  constexpr int steps = 300;
+  const auto run = [&](auto tag, auto params, const char* name, int prompt = 900) {
     using M = typename decltype(tag)::type;
     INFO(name);
     sim_arena engine_arena, arena;
     const E engine{engine_arena}, e{arena};
-    S st(e, big, 1, prompt + steps, 1);
+    S st(e, big, 1, 900 + steps, 1);
     M m(st, params);
     std::mt19937 rng(7);
     const int H = big.kv_heads, Q = big.q_heads, d = big.head_dim;
@@ -304,8 +306,30 @@ TEMPLATE_LIST_TEST_CASE("device methods: no allocation or read-back in 300 decod
     st.check();
   };
   run(std::type_identity<kvsift::quest<S, E>>{}, kvsift::quest_params<S, E>(256, 16, 0), "quest");
+  run(std::type_identity<kvsift::quest<S, E>>{}, kvsift::quest_params<S, E>(256, 16, 0),
+      "quest, first selection at step 157", 100);
   run(std::type_identity<kvsift::h2o<S, E>>{}, kvsift::h2o_params<S, E>(256), "h2o");
   run(std::type_identity<kvsift::streaming_llm<S, E>>{}, kvsift::streaming_llm_params<S, E>(256),
       "streaming_llm");
   run(std::type_identity<kvsift::lagkv<S, E>>{}, kvsift::lagkv_params<S, E>(16, 64), "lagkv");
+}
+
+// H2O's running scores live in the store's side column 0: a store without one is refused when the
+// method is built, before any prompt is appended.
+TEMPLATE_LIST_TEST_CASE("device methods: H2O needs a store with a side column", "[thrust][method]",
+                        device_execs) {
+  using E = TestType;
+  using S = kvsift::thrust::dense_store<float, E>;
+  sim_arena arena;
+  const E e{arena};
+  using h2o = kvsift::h2o<S, E>;
+  using snapkv = kvsift::snapkv<S, E>;
+  const auto build_h2o = [](S& st) { h2o m(st, kvsift::h2o_params<S, E>(8)); };
+  const auto build_snapkv = [](S& st) { snapkv m(st, kvsift::snapkv_params<S, E>(8, 4)); };
+  S no_column(e, shape, 1, 16, /*columns=*/0);
+  CHECK_THROWS_WITH(build_h2o(no_column), Catch::Matchers::ContainsSubstring("store.columns()") &&
+                                              Catch::Matchers::ContainsSubstring("side column 0"));
+  S one_column(e, shape, 1, 16, /*columns=*/1);
+  CHECK_NOTHROW(build_h2o(one_column));
+  CHECK_NOTHROW(build_snapkv(no_column));  // only an observing scorer needs the column
 }

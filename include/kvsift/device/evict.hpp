@@ -35,13 +35,14 @@
 // LagKV's partition_topk runs as one segmented_topk over its scored partitions packed back to
 // back (at decode one per head: the same sort every step), its frozen prefixes a host shadow.
 // DynamicKV's progressive budgeter revises on the host from the round's scores and kept sets,
-// read back once per prompt round (prefill: no decode step reads anything back), and its orders
-// are retained on the device. Not yet on a device exec: Quest's sparse_read and the two-tier
-// schedules (a static_assert says which).
+// read back once per round (its trigger fires at the prompt's end: no decode step reads back),
+// and its orders are retained on the device. Quest's sparse_read has its own device state
+// (device/sparse_read.hpp); the two-tier schedules have none yet (a static_assert says so).
 //
 // Errors: what the host can see is checked before anything changes, as on the host. Values are
 // device data: a NaN or Inf key or value is found by the store on the device and raised by
-// dense_store::check(); a NaN query scores NaN, which ranks below every number.
+// dense_store::check(); a NaN query is not rejected (the host shell rejects one before anything
+// changes): it scores NaN, which the top-k ranks below every number.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
@@ -170,8 +171,10 @@ class device_query_history {
   [[nodiscard]] std::int32_t first(std::size_t slot) const { return first_[slot]; }
   // The newest n <= rows(slot) rows, [n, q_heads, d] contiguous in E memory.
   [[nodiscard]] const float* newest(std::size_t slot, int n) const {
-    return base(slot) + static_cast<std::int64_t>(count_[slot] - n) * row_;
+    return rows_data_.data() + (static_cast<std::int64_t>(slot) * per_slot_ + count_[slot] - n) * row_;
   }
+  // Rows a slot can hold (every prompt query of a request for keep = -1; 2 * keep otherwise).
+  [[nodiscard]] int capacity() const { return per_slot_; }
   // What query_history::contiguous answers.
   [[nodiscard]] int contiguous(std::size_t slot, int q_rows, std::int32_t first) const {
     const bool continues = count_[slot] > 0 && first_[slot] + count_[slot] == first;
@@ -212,8 +215,8 @@ class device_query_history {
   }
 
  private:
-  [[nodiscard]] float* base(std::size_t slot) const {
-    return const_cast<float*>(rows_data_.data()) + static_cast<std::int64_t>(slot) * per_slot_ * row_;
+  [[nodiscard]] float* base(std::size_t slot) {
+    return rows_data_.data() + static_cast<std::int64_t>(slot) * per_slot_ * row_;
   }
 
   E exec_;
@@ -305,6 +308,11 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
         observe_out_(exec_, observes ? static_cast<std::size_t>(m.store().shape().q_heads) *
                                            m.store().shape().head_dim
                                      : 0) {
+    if constexpr (observes) {
+      require(m.store().columns() >= 1, "method", "store.columns()", m.store().columns(),
+              ">= 1: the observing scorer's running scores live in the store's side column 0 "
+              "(thrust::dense_store(exec, shape, requests, capacity, /*columns=*/1))");
+    }
     if constexpr (partitions) reserve_decode_round(m);
   }
 
@@ -320,6 +328,12 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
       if (sc.query_window() < 0) {
         require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
                 "keys.tokens (" + std::to_string(c.keys.tokens) + "): this scorer reads every prompt query");
+        const int rows = history_.contiguous(m.slot(c.request, layer), c.queries.tokens,
+                                             c.first_position + c.keys.tokens - c.queries.tokens);
+        require(rows <= history_.capacity(), where, "queries.tokens", c.queries.tokens,
+                "room in the device query history: " + std::to_string(rows) +
+                    " prompt queries buffered, at most the store's capacity (" +
+                    std::to_string(history_.capacity()) + ")");
       } else {
         require(c.queries.tokens >= 0 && c.queries.tokens <= c.keys.tokens, where, "queries.tokens",
                 c.queries.tokens,
@@ -483,6 +497,12 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
                          firing_budgets_);
     if (firing_.empty()) return;
     layer_budgets_[layer] = firing_budgets_.front();
+    if constexpr (revises) {
+      round_sizes_.clear();
+      kept_sizes_.clear();
+      round_scores_host_.clear();
+      round_kept_host_.clear();
+    }
     int rounds = 0;  // partition_topk: the rounds of LagKV's recursion the call amounts to
     for (std::size_t i = 0; i < firing_.size(); ++i) {
       const int r = firing_[i];
@@ -497,12 +517,12 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
       }
       const bool from_prompt = event != lifecycle_event::decode_step;
       const bool scores_needed =
-          partitions ? rounds_here_ : shrinks || ((observes || revises) && from_prompt);
+          partitions ? rounds_here_ : shrinks || revises || (observes && from_prompt);
       if (!scores_needed) continue;
       thrust::copy_to_device(exec_, std::span<const std::int32_t>(round_local_), round_offsets_);
       round_scores(m, r, layer, from_prompt);
       if (shrinks) select(m);
-      if constexpr (revises) keep_for_revision(i, shrinks);
+      if constexpr (revises) keep_for_revision(shrinks);
       if (shrinks) st.retain(r, layer, counts_, kept_.data());
       if constexpr (partitions) {
         for (int h = 0; h < H_; ++h) frozen_[seq0 + h] = new_frozen_[h];
@@ -513,15 +533,11 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   }
 
   // A progressive budgeter (DynamicKV) sees the round's scores and kept sets on the host: they
-  // are read back once per prompt round (prefill, not a decode step), then its orders to shrink
-  // earlier layers are uploaded and retained, as the host state applies them.
-  void keep_for_revision(std::size_t i, bool shrinks) {
-    if (i == 0) {
-      round_sizes_.clear();
-      kept_sizes_.clear();
-      round_scores_host_.clear();
-      round_kept_host_.clear();
-    }
+  // are read back once per round (DynamicKV's trigger fires at the prompt's end only, so never in
+  // a decode step; a revising budgeter under a trigger that fires at decode would read back in
+  // that step), then its orders to shrink earlier layers are uploaded and retained, as the host
+  // state applies them.
+  void keep_for_revision(bool shrinks) {
     const std::int64_t N = round_local_.back();
     for (int h = 0; h < H_; ++h) {
       round_sizes_.push_back(round_local_[h + 1] - round_local_[h]);

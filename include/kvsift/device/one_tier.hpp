@@ -179,7 +179,7 @@ class device_one_tier : public one_tier<thrust::dense_store<T, E>> {
   template <class M>
   [[nodiscard]] static std::pair<thrust::segmented_rows<T>, thrust::segmented_rows<T>> rows_of(
       const M& m, int request, int layer, const std::int32_t* offsets) {
-    auto& st = const_cast<Store&>(m.store());
+    const Store& st = m.store();
     const auto& sh = st.shape();
     const std::int64_t seq0 = sh.sequence(request, layer, 0);
     const std::int64_t stride = static_cast<std::int64_t>(st.capacity()) * sh.head_dim;

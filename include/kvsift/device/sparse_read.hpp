@@ -102,6 +102,7 @@ class schedule::sparse_read::state<thrust::dense_store<T, E>, Recipe>
     current_page.back() = 0;  // the padding segment protects nothing
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(current_page), window_);
     ::thrust::fill_n(exec_.policy(), page_scores_.data(), page_scores_.size(), 0.0f);
+    reserve_selection(m);
   }
 
   template <class M>
@@ -225,6 +226,30 @@ class schedule::sparse_read::state<thrust::dense_store<T, E>, Recipe>
   void stats(const M&, method_stats& s) const { this->fill_stats(s); }
 
  private:
+  // The selection's sorts have the same size every step (the padding segment; the kept count is
+  // H * pages_for(budget) once pages are dropped): run one now, at the budget of a head at full
+  // capacity, so the exec's arena holds their scratch and no decode step allocates it.
+  template <class M>
+  void reserve_selection(const M& m) {
+    const auto& sh = m.store().shape();
+    const int layer = std::min(m.parameters().dense_layers, sh.layers - 1);
+    std::vector<int> lengths(static_cast<std::size_t>(H_), cap_), budgets;
+    m.parts().budgeter.budgets(budget_context{layer, sh.layers, H_, lengths}, budgets);
+    std::vector<std::int32_t> offsets{0}, kept{0};
+    for (int h = 0; h < H_; ++h) {
+      offsets.push_back(offsets.back() + page_cap_);
+      kept.push_back(kept.back() + std::min(m.parts().selector.pages_for(budgets[h]), page_cap_));
+    }
+    offsets.push_back(offsets.back());  // the padding segment, empty at full capacity
+    kept.push_back(kept.back());
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(offsets), page_offsets_);
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(kept), kept_pages_offsets_);
+    thrust::segmented_topk(exec_.policy(), page_scores_.data(), page_offsets_.data(), H_ + 1,
+                           static_cast<std::int64_t>(H_) * page_cap_, kept_pages_offsets_.data(),
+                           kept.back(), pages_.data(), topk_ws_.data(), topk_ws_.size(),
+                           thrust::topk_protection{0, window_.data()}, /*check=*/false);
+  }
+
   // Recomputes the digests of (request, layer)'s pages from the one holding slot `from` on.
   template <class M>
   void digest(M& m, int request, int layer, int from) {

@@ -218,6 +218,9 @@ class dense_store {
   [[nodiscard]] T* keys() { return keys_; }
   [[nodiscard]] T* values() { return values_; }
   [[nodiscard]] std::int32_t* positions() { return positions_.data(); }
+  [[nodiscard]] const T* keys() const { return keys_; }
+  [[nodiscard]] const T* values() const { return values_; }
+  [[nodiscard]] const std::int32_t* positions() const { return positions_.data(); }
   [[nodiscard]] const std::int32_t* lengths() const { return lengths_.data(); }
   // Side column j: [sequences, capacity] floats, slot i of seq at j's seq * capacity + i.
   [[nodiscard]] float* column(int j) {
