@@ -322,31 +322,15 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   template <class M>
   void check_chunk(const M& m, std::string_view where, int layer,
                    const prefill_chunk<T, typename E::memory_space>& c, prefill_totals& tot) const {
-    const auto& sc = m.parts().scorer;
-    const auto& st = m.store();
     if constexpr (Scorer::needs_queries) {
-      if (sc.query_window() < 0) {
-        require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
-                "keys.tokens (" + std::to_string(c.keys.tokens) + "): this scorer reads every prompt query");
+      detail::evict_check_queries(m, where, layer, c, history_);
+      if (m.parts().scorer.query_window() < 0) {  // every prompt query, in a buffer of capacity rows
         const int rows = history_.contiguous(m.slot(c.request, layer), c.queries.tokens,
                                              c.first_position + c.keys.tokens - c.queries.tokens);
         require(rows <= history_.capacity(), where, "queries.tokens", c.queries.tokens,
                 "room in the device query history: " + std::to_string(rows) +
                     " prompt queries buffered, at most the store's capacity (" +
                     std::to_string(history_.capacity()) + ")");
-      } else {
-        require(c.queries.tokens >= 0 && c.queries.tokens <= c.keys.tokens, where, "queries.tokens",
-                c.queries.tokens,
-                "in [0, keys.tokens = " + std::to_string(c.keys.tokens) + "]: the chunk's newest queries");
-      }
-      if (c.last && layer >= m.parameters().dense_layers && sc.query_window() > 0) {
-        const int have = history_.contiguous(m.slot(c.request, layer), c.queries.tokens,
-                                             c.first_position + c.keys.tokens - c.queries.tokens);
-        const int need = std::min(sc.query_window(),
-                                  st.length(st.shape().sequence(c.request, layer, 0)) + c.keys.tokens);
-        require(have >= need, where, "queries.tokens", c.queries.tokens,
-                "enough newest queries for the scorer's window: " + std::to_string(need) +
-                    " ending at the prompt's last token (" + std::to_string(have) + " available)");
       }
     }
     base::check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);

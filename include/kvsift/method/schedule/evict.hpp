@@ -43,6 +43,33 @@ struct schedule::evict {
 // is a head-sequence's final prefix, `steps` the per-(request, layer) decode steps.
 namespace detail {
 
+// A chunk's queries for the scorer: every prompt query (a scorer reading all of them) or the
+// chunk's newest ones, and on the prompt's last chunk enough newest queries for the scorer's
+// window, counting what `history` (method's query_history, or a device state's) buffered.
+template <class M, class Chunk, class History>
+void evict_check_queries(const M& m, std::string_view where, int layer, const Chunk& c,
+                         const History& history) {
+  const auto& sc = m.parts().scorer;
+  const auto& st = m.store();
+  if (sc.query_window() < 0) {
+    require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
+            "keys.tokens (" + std::to_string(c.keys.tokens) + "): this scorer reads every prompt query");
+  } else {
+    require(c.queries.tokens >= 0 && c.queries.tokens <= c.keys.tokens, where, "queries.tokens",
+            c.queries.tokens,
+            "in [0, keys.tokens = " + std::to_string(c.keys.tokens) + "]: the chunk's newest queries");
+  }
+  if (c.last && layer >= m.parameters().dense_layers && sc.query_window() > 0) {
+    const int have = history.contiguous(m.slot(c.request, layer), c.queries.tokens,
+                                        c.first_position + c.keys.tokens - c.queries.tokens);
+    const int need = std::min(sc.query_window(),
+                              st.length(st.shape().sequence(c.request, layer, 0)) + c.keys.tokens);
+    require(have >= need, where, "queries.tokens", c.queries.tokens,
+            "enough newest queries for the scorer's window: " + std::to_string(need) +
+                " ending at the prompt's last token (" + std::to_string(have) + " available)");
+  }
+}
+
 // A budget that cannot hold the protected tokens is an error before anything is appended: the
 // selector's check of the budgets of the prompts that end in `chunks`.
 template <class M, class Chunk>
@@ -171,28 +198,7 @@ class schedule::evict::state : public detail::one_tier<Store> {
   template <class M>
   void check_chunk(const M& m, std::string_view where, int layer, const prefill_chunk<T>& c,
                    prefill_totals& tot) const {
-    const auto& sc = m.parts().scorer;
-    const auto& st = m.store();
-    if constexpr (Scorer::needs_queries) {
-      if (sc.query_window() < 0) {
-        require(c.queries.tokens == c.keys.tokens, where, "queries.tokens", c.queries.tokens,
-                "keys.tokens (" + std::to_string(c.keys.tokens) + "): this scorer reads every prompt query");
-      } else {
-        require(c.queries.tokens >= 0 && c.queries.tokens <= c.keys.tokens, where, "queries.tokens",
-                c.queries.tokens,
-                "in [0, keys.tokens = " + std::to_string(c.keys.tokens) + "]: the chunk's newest queries");
-      }
-      if (c.last && layer >= m.parameters().dense_layers && sc.query_window() > 0) {
-        const auto slot = m.slot(c.request, layer);
-        const int have = m.history().contiguous(slot, c.queries.tokens,
-                                                c.first_position + c.keys.tokens - c.queries.tokens);
-        const int need = std::min(sc.query_window(),
-                                  st.length(st.shape().sequence(c.request, layer, 0)) + c.keys.tokens);
-        require(have >= need, where, "queries.tokens", c.queries.tokens,
-                "enough newest queries for the scorer's window: " + std::to_string(need) +
-                    " ending at the prompt's last token (" + std::to_string(have) + " available)");
-      }
-    }
+    if constexpr (Scorer::needs_queries) detail::evict_check_queries(m, where, layer, c, m.history());
     base::check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);
   }
 
