@@ -18,7 +18,7 @@
 //   kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]
 //               [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE] [--json]
 //               [--json-out FILE] [--plot FILE.svg] [--limit N] [--kernel library|engine]
-//               [--verbose]
+//               [--exec host|thrust-cpp|thrust-omp] [--verbose]
 // Defaults: both shipped models, each on its own (protocol v2) prompts (data/tiny-recall on
 // data/eval/{passkey,chain}.jsonl, data/recall-8kv on 12 prompts of each of
 // data/eval/recall-8kv/{passkey,chain}.jsonl), every method, budget 0.25 matched as the
@@ -26,6 +26,7 @@
 
 #include "calibration_profile.hpp"
 #include "commands.hpp"
+#include "exec_choice.hpp"
 #include "roles_choice.hpp"
 
 #include "engine/eval_harness.hpp"
@@ -1006,6 +1007,7 @@ struct run_options {
   std::string roles_file;
   ex::attention_kernel kernel = ex::attention_kernel::library;
   std::string kernel_name;
+  std::string exec = "host";  // --exec: registry_on_exec (exec_choice.hpp)
   bool verbose = false;  // per-layer table
 };
 
@@ -1107,7 +1109,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
   const std::vector<int> contexts(context_set.begin(), context_set.end());
 
   configs.clear();
-  const auto registry = registry_with_roles(jb.model_dir, o, model.config());
+  const auto registry = registry_on_exec(o.exec, registry_with_roles(jb.model_dir, o, model.config()));
   std::vector<premise_stats> premise = premise_setup(jb.model_dir, o, model.config());
   for (const auto& m : o.methods) {
     for (double b : o.budgets) {
@@ -1124,8 +1126,9 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
   }
 
   const int total = static_cast<int>(items.size() * configs.size());
-  std::fprintf(stderr, "kvsift eval: %s, %zu prompts x %zu methods x %zu budgets\n",
-               jb.model_dir.c_str(), items.size(), o.methods.size(), o.budgets.size());
+  std::fprintf(stderr, "kvsift eval: %s, %zu prompts x %zu methods x %zu budgets, exec %s\n",
+               jb.model_dir.c_str(), items.size(), o.methods.size(), o.budgets.size(),
+               o.exec.c_str());
   progress bar(total);
   const auto& cfg = model.config();
   const std::int64_t row_bytes =
@@ -1196,6 +1199,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
   nlohmann::json j;
   if (json || keep_json) {
     j = to_json(jb.model_dir, o.kernel_name, match, jb.files, configs, contexts);
+    j["exec"] = o.exec;
     if (!premise.empty()) j["premise"] = premise_json(premise);
     if (json) return j;
   }
@@ -1224,7 +1228,8 @@ int eval(const std::vector<std::string>& args) {
         "usage: kvsift eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2]\n"
         "                   [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE]\n"
         "                   [--json] [--json-out FILE] [--plot FILE.svg] [--limit N]\n"
-        "                   [--kernel library|engine] [--verbose]\n"
+        "                   [--kernel library|engine] [--exec host|thrust-cpp|thrust-omp]\n"
+        "                   [--verbose]\n"
         "  defaults: both shipped models, each on its shipped prompts (protocol v2: the answer's\n"
         "  separator space ends the prompt): data/tiny-recall on\n"
         "  data/eval/{passkey,chain}.jsonl (12 + 12) and data/recall-8kv on the first 12 of\n"
@@ -1239,7 +1244,10 @@ int eval(const std::vector<std::string>& args) {
         "  names; otherwise each takes the model's roles-synckv.json / roles-heterocache.json\n"
         "  when it has one (a resident target its roles cannot meet shows as infeasible).\n"
         "  --kernel engine: the engine's\n"
-        "  attend_decode over each plan instead of the library's attention.\n"
+        "  attend_decode over each plan instead of the library's attention (a dense host store).\n"
+        "  --exec thrust-cpp|thrust-omp: the methods run over device memory on a simulated device\n"
+        "  (Thrust's CPP or OMP system; the one-tier methods: SyncKV, HeteroCache and FreeKV are\n"
+        "  host-only so far and show as not run); answers and resident shares equal --exec host's.\n"
         "  Fidelity (table and JSON): each prompt is also decoded through the engine's full_cache;\n"
         "  att.err is the relative L2 error of each layer's attention output against it (mean over\n"
         "  layers and over the decode steps whose tokens so far equal the full cache's), KL the\n"
@@ -1256,11 +1264,12 @@ int eval(const std::vector<std::string>& args) {
   }
   static const std::set<std::string> known = {"--model", "--prompts", "--methods", "--budgets",
                                               "--json",  "--plot",    "--limit",   "--kernel",
-                                              "--match", "--roles",   "--verbose", "--json-out"};
+                                              "--match", "--roles",   "--verbose", "--json-out",
+                                              "--exec"};
   for (std::size_t i = 0; i < args.size(); ++i) {
     require(known.count(args[i]) > 0, "kvsift eval", "argument", args[i],
             "one of --model --prompts --methods --budgets --match --roles --json --json-out --plot "
-            "--limit --kernel --verbose");
+            "--limit --kernel --exec --verbose");
     if (args[i] != "--json" && args[i] != "--verbose") {
       require(i + 1 < args.size(), "kvsift eval", args[i], "missing", "a value");
       ++i;
@@ -1289,6 +1298,8 @@ int eval(const std::vector<std::string>& args) {
           o.kernel_name, "library (kvsift's attention over the plan) or engine (attend_decode)");
   o.kernel = o.kernel_name == "engine" ? ex::attention_kernel::engine
                                        : ex::attention_kernel::library;
+  o.exec = option(args, "--exec", "host");
+  (void)registry_on_exec(o.exec, std::make_shared<const method_registry<float>>());  // names checked first
   const bool json = flag(args, "--json");
   o.verbose = flag(args, "--verbose");
   const std::string plot = option(args, "--plot", "");

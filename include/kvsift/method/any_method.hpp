@@ -39,41 +39,10 @@
 
 namespace kvsift {
 
-// The names make_method knows, in the order tables list them.
+// The names make_method knows, in the order tables list them: the one-tier methods (one store,
+// no host pool), which a device exec runs too (device/erased.hpp).
 inline std::vector<std::string> method_names() {
   return {"full_kv", "streaming_llm", "h2o", "snapkv", "pyramidkv", "quest", "lagkv", "dynamickv"};
-}
-
-// The named method `name` with its paper defaults for a budget of `budget` tokens per
-// head-sequence. LagKV has no token budget: it keeps a fraction of each lag partition, taken
-// from `keep_fraction` (default: its paper's 0.5). Throws kvsift::error for an unknown name or an
-// invalid budget.
-template <KvStore Store>
-std::unique_ptr<any_method<Store>> make_method(std::string_view name, Store& store, int budget,
-                                               double keep_fraction = 0.5) {
-  const auto make = [&]<class M>(typename M::params p) -> std::unique_ptr<any_method<Store>> {
-    return std::make_unique<erased_method<M>>(std::string(name), store, p);
-  };
-  if (name == "full_kv") return make.template operator()<full_kv<Store>>(full_kv_params<Store>());
-  require(budget > 0, "make_method", "budget", budget, "> 0 tokens");
-  if (name == "streaming_llm") {
-    return make.template operator()<streaming_llm<Store>>(streaming_llm_params<Store>(budget));
-  }
-  if (name == "h2o") return make.template operator()<h2o<Store>>(h2o_params<Store>(budget));
-  if (name == "snapkv") return make.template operator()<snapkv<Store>>(snapkv_params<Store>(budget));
-  if (name == "pyramidkv") {
-    return make.template operator()<pyramidkv<Store>>(pyramidkv_params<Store>(budget));
-  }
-  if (name == "quest") return make.template operator()<quest<Store>>(quest_params<Store>(budget));
-  if (name == "lagkv") {
-    return make.template operator()<lagkv<Store>>(lagkv_params<Store>(16, 128, keep_fraction));
-  }
-  if (name == "dynamickv") {
-    return make.template operator()<dynamickv<Store>>(dynamickv_params<Store>(budget));
-  }
-  std::string known;
-  for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
-  throw make_error("make_method", "name", name, "one of " + known);
 }
 
 // ---- the registry -------------------------------------------------------------------------
@@ -134,6 +103,65 @@ struct method_config {
     return static_cast<I>(v);
   }
 };
+
+namespace detail {
+
+// The one-tier named methods (one store, no host pool): the ones a device exec runs too.
+inline bool is_one_tier_method(std::string_view name) {
+  const auto names = method_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// THE name -> composition map of the one-tier methods, for any store and exec (store::dense on
+// exec::host, thrust::dense_store on a device exec): calls f.template operator()<M>(params) with
+// M the composition `name` names over Store on E and its paper-default params for c.budget
+// (tokens per head-sequence; LagKV: options "sink", "lag", "keep_fraction" instead), and returns
+// what f returns. Throws kvsift::error naming the known ones for any other name.
+template <class Store, Exec E, class F>
+decltype(auto) visit_one_tier(std::string_view name, const method_config& c, F&& f) {
+  if (name == "full_kv") return f.template operator()<full_kv<Store, E>>(full_kv_params<Store, E>());
+  if (name == "streaming_llm") {
+    return f.template operator()<streaming_llm<Store, E>>(streaming_llm_params<Store, E>(c.budget));
+  }
+  if (name == "h2o") return f.template operator()<h2o<Store, E>>(h2o_params<Store, E>(c.budget));
+  if (name == "snapkv") return f.template operator()<snapkv<Store, E>>(snapkv_params<Store, E>(c.budget));
+  if (name == "pyramidkv") {
+    return f.template operator()<pyramidkv<Store, E>>(pyramidkv_params<Store, E>(c.budget));
+  }
+  if (name == "quest") return f.template operator()<quest<Store, E>>(quest_params<Store, E>(c.budget));
+  if (name == "lagkv") {
+    return f.template operator()<lagkv<Store, E>>(lagkv_params<Store, E>(
+        c.integer_option("sink", 16, 0), c.integer_option("lag", 128, 1),
+        c.option("keep_fraction", 0.5)));
+  }
+  if (name == "dynamickv") {
+    return f.template operator()<dynamickv<Store, E>>(dynamickv_params<Store, E>(c.budget));
+  }
+  std::string known;
+  for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
+  throw make_error("make_method", "name", name, "one of " + known);
+}
+
+}  // namespace detail
+
+// The named method `name` with its paper defaults for a budget of `budget` tokens per
+// head-sequence. LagKV has no token budget: it keeps a fraction of each lag partition, taken
+// from `keep_fraction` (default: its paper's 0.5). Throws kvsift::error for an unknown name or an
+// invalid budget.
+template <KvStore Store>
+std::unique_ptr<any_method<Store>> make_method(std::string_view name, Store& store, int budget,
+                                               double keep_fraction = 0.5) {
+  if (name != "full_kv" && detail::is_one_tier_method(name)) {
+    require(budget > 0, "make_method", "budget", budget, "> 0 tokens");
+  }
+  method_config c;
+  c.budget = budget;
+  c.options["keep_fraction"] = keep_fraction;
+  return detail::visit_one_tier<Store, exec::host>(
+      name, c, [&]<class M>(typename M::params p) -> std::unique_ptr<any_method<Store>> {
+        return std::make_unique<erased_method<M>>(std::string(name), store, std::move(p));
+      });
+}
 
 template <Element T>
 struct method_entry {
@@ -205,15 +233,18 @@ inline int lagkv_resident(int n, int sink, int lag, int keep) {
   return n - (((n - sink) / lag) - 1) * (lag - keep);
 }
 
-// A store::dense<T> for the config, and M over it with params p.
-template <class M>
-std::unique_ptr<any_kv_method<typename M::element_type>> make_dense(const std::string& name,
-                                                                    const method_config& c,
-                                                                    typename M::params p) {
-  using store_t = typename M::store_type;
-  require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
-  auto st = std::make_unique<store_t>(c.shape, c.requests, c.capacity);
-  return std::make_unique<erased_method<M>>(name, std::move(st), std::move(p));
+// The factory of the one-tier method `name`: a store::dense<T> for the config and the
+// composition over it (visit_one_tier).
+template <Element T>
+auto make_dense(std::string name) {
+  return [name = std::move(name)](const method_config& c) {
+    require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
+    return visit_one_tier<store::dense<T>, exec::host>(
+        name, c, [&]<class M>(typename M::params p) -> std::unique_ptr<any_kv_method<T>> {
+          auto st = std::make_unique<store::dense<T>>(c.shape, c.requests, c.capacity);
+          return std::make_unique<erased_method<M>>(name, std::move(st), std::move(p));
+        });
+  };
 }
 
 // A token-budget method whose resident KV after the prompt is its budget per head-sequence.
@@ -302,36 +333,17 @@ std::vector<method_config::heterocache_layer> heterocache_roles_of(const Roles& 
 // and states its resident-fraction parameter in `for_resident_fraction`.
 template <Element T>
 std::vector<method_entry<T>> builtin_method_entries() {
-  using D = store::dense<T>;
   using detail::budget_for_fraction;
-  using detail::make_dense;
+  const auto dense = [](const char* name) { return detail::make_dense<T>(name); };
   std::vector<method_entry<T>> e;
-  e.push_back({"full_kv", [](const method_config& c) {
-                 return make_dense<full_kv<D>>("full_kv", c, full_kv_params<D>());
-               }, {}});
-  e.push_back({"streaming_llm", [](const method_config& c) {
-                 return make_dense<streaming_llm<D>>("streaming_llm", c, streaming_llm_params<D>(c.budget));
-               }, budget_for_fraction});
-  e.push_back({"h2o", [](const method_config& c) {
-                 return make_dense<h2o<D>>("h2o", c, h2o_params<D>(c.budget));
-               }, budget_for_fraction});
-  e.push_back({"snapkv", [](const method_config& c) {
-                 return make_dense<snapkv<D>>("snapkv", c, snapkv_params<D>(c.budget));
-               }, budget_for_fraction});
-  e.push_back({"pyramidkv", [](const method_config& c) {
-                 return make_dense<pyramidkv<D>>("pyramidkv", c, pyramidkv_params<D>(c.budget));
-               }, budget_for_fraction});
+  e.push_back({"full_kv", dense("full_kv"), {}});
+  e.push_back({"streaming_llm", dense("streaming_llm"), budget_for_fraction});
+  e.push_back({"h2o", dense("h2o"), budget_for_fraction});
+  e.push_back({"snapkv", dense("snapkv"), budget_for_fraction});
+  e.push_back({"pyramidkv", dense("pyramidkv"), budget_for_fraction});
   // Quest keeps the whole cache resident and reads `budget` tokens' pages per step.
-  e.push_back({"quest", [](const method_config& c) {
-                 return make_dense<quest<D>>("quest", c, quest_params<D>(c.budget));
-               }, {}});
-  e.push_back({"lagkv", [](const method_config& c) {
-                 return make_dense<lagkv<D>>(
-                     "lagkv", c,
-                     lagkv_params<D>(c.integer_option("sink", 16, 0),
-                                     c.integer_option("lag", 128, 1),
-                                     c.option("keep_fraction", 0.5)));
-               },
+  e.push_back({"quest", dense("quest"), {}});
+  e.push_back({"lagkv", dense("lagkv"),
                // LagKV has no token budget: its resident KV is set by the kept share of each lag
                // partition. The paper's lag (128) first, then shorter lags when a prompt is too
                // short for 128 to reach the fraction (the last full partition stays raw).
@@ -357,9 +369,7 @@ std::vector<method_entry<T>> builtin_method_entries() {
                  c.note = "lag " + std::to_string(best_lag) + ", keep " + std::to_string(best_keep);
                  return c;
                }});
-  e.push_back({"dynamickv", [](const method_config& c) {
-                 return make_dense<dynamickv<D>>("dynamickv", c, dynamickv_params<D>(c.budget));
-               }, budget_for_fraction});
+  e.push_back({"dynamickv", dense("dynamickv"), budget_for_fraction});
   // FreeKV over store::tiered (it builds its own): B whole pages of p (option "page_size",
   // default 16 for short prompts), sink = window = B/4 in whole pages (freekv_params); dense
   // layers from detail::freekv_dense_layers, which the factory and the hook share.

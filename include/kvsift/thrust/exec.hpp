@@ -342,4 +342,15 @@ void copy_to_host(const E& exec, const buffer<T, E>& src, std::type_identity_t<s
   std::copy_n(src.data(), dst.size(), dst.data());
 }
 
+// Device-to-host from E memory a buffer does not own (a plan's slots, a store's positions):
+// reads src[0, dst.size()) into dst; one counted D2H read on exec's arena. `src` must be E
+// memory of that arena, dst.size() elements long at least (not checkable from a raw pointer).
+template <class T, SimExec E>
+void copy_to_host(const E& exec, const T* src, std::type_identity_t<std::span<T>> dst) {
+  require(src != nullptr || dst.empty(), "thrust::copy_to_host", "src", "null",
+          "E memory holding dst.size() elements");
+  exec.arena().count_d2h(dst.size_bytes());
+  std::copy_n(src, dst.size(), dst.data());
+}
+
 }  // namespace kvsift::thrust

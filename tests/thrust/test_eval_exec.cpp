@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// End to end on the shipped models: the example engine (examples/engine/llama.hpp) decoding
+// through kvsift_cache gives the same answers, the same resident KV and the same attended tokens
+// whether each one-tier method runs on exec::host (the default registry) or over device memory on
+// this build's simulated device (device::method_registry_on, what `kvsift eval --exec thrust-cpp|
+// thrust-omp` runs), and the two-tier methods are refused there by name. A few protocol-v2
+// prompts per model (the shortest of each task), budget 0.25 matched as the resident share, as
+// `kvsift eval` does by default.
+
+#include "../../examples/engine/eval_harness.hpp"
+#include "../../examples/engine/kvsift_cache.hpp"
+#include "../../examples/engine/llama.hpp"
+
+#include <kvsift/device/erased.hpp>
+#include <kvsift/thrust/exec.hpp>
+
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+namespace ex = kvsift::examples;
+namespace fs = std::filesystem;
+const fs::path source_dir = KVSIFT_SOURCE_DIR;
+
+#if defined(_OPENMP)
+using device_execs = std::tuple<kvsift::exec::sim_cpp, kvsift::exec::sim_omp>;
+#else
+using device_execs = std::tuple<kvsift::exec::sim_cpp>;
+#endif
+
+// The shortest prompt of each task in `files`.
+std::vector<ex::eval_item> shortest_prompts(const std::vector<fs::path>& files) {
+  std::vector<ex::eval_item> out;
+  for (const auto& f : files) {
+    auto items = ex::load_eval_jsonl(f.string());
+    REQUIRE(!items.empty());
+    out.push_back(*std::min_element(items.begin(), items.end(), [](const auto& a, const auto& b) {
+      return a.prompt.size() < b.prompt.size();
+    }));
+  }
+  return out;
+}
+
+template <class E>
+void same_answers(const fs::path& model_dir, const std::vector<fs::path>& prompt_files) {
+  const auto model = ex::llama_model::load(model_dir.string());
+  const auto items = shortest_prompts(prompt_files);
+  const auto& host = kvsift::default_method_registry<float>();
+  const auto device = kvsift::device::method_registry_on<float, E>(host);
+  for (const auto& name : kvsift::method_names()) {
+    const auto options = [&](const kvsift::method_registry<float>& r) {
+      return ex::cache_options{.keep_fraction = std::nullopt, .roles_file = {},
+                               .match_resident = true, .registry = &r};
+    };
+    ex::kvsift_cache on_host(name, 0.25, options(host));
+    ex::kvsift_cache on_device(name, 0.25, options(device));
+    for (const auto& item : items) {
+      INFO(model_dir.filename().string() << " " << name << " " << item.id << " on " << E::name);
+      const auto h = ex::run_item(model, item, on_host);
+      const auto d = ex::run_item(model, item, on_device);
+      CHECK(d.output == h.output);
+      CHECK(on_device.prompt_resident_bytes() == on_host.prompt_resident_bytes());
+      CHECK(on_device.stats().resident_bytes == on_host.stats().resident_bytes);
+      CHECK(on_device.stats().layer_budgets == on_host.stats().layer_budgets);
+      CHECK(on_device.attended_tokens() == on_host.attended_tokens());
+      CHECK(on_device.parameter_note() == on_host.parameter_note());
+      for (int l = 0; l < model.config().num_layers; ++l) {
+        for (int kv = 0; kv < model.config().num_kv_heads; ++kv) {
+          CHECK(on_device.kept_tokens(l, kv) == on_host.kept_tokens(l, kv));
+        }
+      }
+      // the host path must not be trivially satisfied: a compressing method keeps less
+      if (name != "full_kv" && name != "quest") {
+        CHECK(on_host.prompt_resident_bytes() <
+              static_cast<std::int64_t>(h.prompt_len) * model.config().num_layers *
+                  model.config().num_kv_heads * model.config().head_dim * 2 *
+                  static_cast<std::int64_t>(sizeof(float)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("eval --exec: tiny-recall answers on the simulated device equal the host's",
+                        "[thrust][device][eval]", device_execs) {
+  same_answers<TestType>(source_dir / "data/tiny-recall",
+                         {source_dir / "data/eval/passkey.jsonl", source_dir / "data/eval/chain.jsonl"});
+}
+
+TEMPLATE_LIST_TEST_CASE("eval --exec: recall-8kv answers on the simulated device equal the host's",
+                        "[thrust][device][eval]", device_execs) {
+  same_answers<TestType>(source_dir / "data/recall-8kv",
+                         {source_dir / "data/eval/recall-8kv/passkey.jsonl",
+                          source_dir / "data/eval/recall-8kv/chain.jsonl"});
+}
+
+TEMPLATE_LIST_TEST_CASE("eval --exec: a two-tier method on the simulated device is refused by name",
+                        "[thrust][device][eval]", device_execs) {
+  const auto device = kvsift::device::method_registry_on<float, TestType>(
+      kvsift::default_method_registry<float>());
+  kvsift::method_config c;
+  c.shape = {.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 16};
+  c.capacity = 64;
+  c.prompt_len = 32;
+  c.budget = 8;
+  for (const char* name : {"synckv", "heterocache", "freekv"}) {
+    REQUIRE_THROWS_WITH(device.make(name, c),
+                        Catch::Matchers::ContainsSubstring(std::string("'name' = ") + name) &&
+                            Catch::Matchers::ContainsSubstring("exec::host only"));
+  }
+  REQUIRE(device.names() == kvsift::default_method_registry<float>().names());
+}
