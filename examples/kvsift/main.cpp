@@ -55,6 +55,7 @@ void usage() {
       "      attention-output error vs full KV, attention-mass recall and time per step.\n"
       "  eval [--model DIR] [--prompts F1.jsonl,F2.jsonl] [--methods m1,m2] [--budgets 0.25,0.5]\n"
       "       [--json] [--json-out FILE] [--plot FILE.svg] [--limit N] [--kernel library|engine]\n"
+      "       [--exec host|thrust-cpp|thrust-omp]\n"
       "      runs a real model's evaluation prompts with each method and budget (defaults: both\n"
       "      shipped models on their shipped protocol-v2 prompts, every method, budget 0.25);\n"
       "      `kvsift eval --help` lists the defaults.\n"

@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+# ctest cli.eval_exec: `kvsift eval --exec EXEC` (a simulated device) against `--exec host` on the
+# first passkey and chain prompt of tiny-recall: each one-tier method gives the same outputs,
+# resident shares, per-layer budgets and parameters; SyncKV is reported as not run, naming the
+# host-only methods; the JSON names the exec.
+# Run as: cmake -DKVSIFT=<kvsift binary> -DSRC=<source dir> -DWORK=<scratch dir> -DEXEC=thrust-omp
+#         -P eval_exec_test.cmake
+file(MAKE_DIRECTORY ${WORK})
+set(methods snapkv,h2o,streaming_llm,quest,lagkv,dynamickv,synckv)
+
+foreach(exec host ${EXEC})
+  execute_process(COMMAND ${KVSIFT} eval --model ${SRC}/data/tiny-recall --limit 1 --methods ${methods}
+                          --exec ${exec} --json-out ${WORK}/${exec}.json
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "kvsift eval --exec ${exec} failed (${rc}):\n${out}\n${err}")
+  endif()
+  file(READ ${WORK}/${exec}.json json_${exec})
+  string(JSON named GET "${json_${exec}}" exec)
+  if(NOT named STREQUAL exec)
+    message(FATAL_ERROR "--exec ${exec}: the JSON names exec '${named}'")
+  endif()
+endforeach()
+
+set(h "${json_host}")
+set(d "${json_${EXEC}}")
+string(JSON runs LENGTH "${h}" runs)
+string(JSON runs_d LENGTH "${d}" runs)
+if(NOT runs EQUAL 7 OR NOT runs_d EQUAL 7)
+  message(FATAL_ERROR "expected 7 runs on each exec, got ${runs} and ${runs_d}")
+endif()
+math(EXPR last "${runs} - 1")
+set(compared 0)
+foreach(i RANGE ${last})
+  string(JSON method GET "${h}" runs ${i} method)
+  if(method STREQUAL "synckv")
+    string(JSON e ERROR_VARIABLE no_error GET "${d}" runs ${i} error)
+    if(no_error OR NOT e MATCHES "exec::host only")
+      message(FATAL_ERROR "synckv on ${EXEC}: expected an error naming the host-only methods, got '${e}'")
+    endif()
+    continue()
+  endif()
+  string(JSON items LENGTH "${h}" runs ${i} items)
+  if(NOT items EQUAL 2)
+    message(FATAL_ERROR "${method}: expected 2 prompts on the host, got ${items}")
+  endif()
+  math(EXPR last_item "${items} - 1")
+  foreach(k RANGE ${last_item})
+    foreach(field output resident_kv resident_kv_end layer_budgets params budget_tokens)
+      string(JSON a GET "${h}" runs ${i} items ${k} ${field})
+      string(JSON b GET "${d}" runs ${i} items ${k} ${field})
+      if(NOT a STREQUAL b)
+        message(FATAL_ERROR "${method}, prompt ${k}: ${field} differs: host '${a}', ${EXEC} '${b}'")
+      endif()
+      math(EXPR compared "${compared} + 1")
+    endforeach()
+  endforeach()
+endforeach()
+message(STATUS "kvsift eval --exec ${EXEC} equals --exec host: ${compared} fields compared")
