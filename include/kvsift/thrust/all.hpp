@@ -24,4 +24,5 @@
 #include <kvsift/thrust/roles.hpp>
 #include <kvsift/thrust/segmented_topk.hpp>
 #include <kvsift/thrust/static_dynamic.hpp>
+#include <kvsift/thrust/tiered_store.hpp>
 #include <kvsift/thrust/window_attention.hpp>

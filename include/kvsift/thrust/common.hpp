@@ -146,5 +146,20 @@ inline void check_workspace(std::string_view where, const void* ws, std::size_t 
   require(have >= need, where, "workspace_bytes", have, ">= " + std::to_string(need));
 }
 
+// Rank of v among the ascending a[0, n): how many entries are < v.
+KVSIFT_HOST_DEVICE inline int count_below(const std::int32_t* a, int n, std::int32_t v) {
+  int lo = 0;
+  int hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (a[mid] < v) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 }  // namespace detail
 }  // namespace kvsift::thrust

@@ -26,6 +26,10 @@
 // (under CUDA pinned, mapped host memory; under the CPP/OMP systems plain host memory). A recall
 // reads only the rows the tier misses. Positions of a target must each be resident or in the
 // pool (not checked on the device: the schedules only name pool positions).
+//
+// thrust::tiered_store (tiered_store.hpp) is the store built from these pieces the other way the
+// design asks for: its tier keeps physical slots unordered and the plan sorted, so an install
+// writes only the arriving rows and moves no resident one (it reuses tier_rows and find_sorted).
 
 #include <kvsift/thrust/common.hpp>
 

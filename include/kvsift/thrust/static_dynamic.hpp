@@ -92,21 +92,6 @@ struct sd_exclude_fn {
   }
 };
 
-// Rank of v among the ascending a[0, n): how many entries are < v.
-KVSIFT_HOST_DEVICE inline int count_below(const std::int32_t* a, int n, std::int32_t v) {
-  int lo = 0;
-  int hi = n;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (a[mid] < v) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
 // One thread per entry of a or b: its slot in the union is its own index plus the count of the
 // other set's entries below it (the sets are disjoint).
 struct merge_sets_fn {
