@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// The foundation kinds (SPEC.md §5): reference attention, the top-k selector, and the baselines
-// StreamingLLM, H2O, SnapKV, PyramidKV and Quest, each through the library's public API the way
-// an engine would use it: a store::dense<float> of the case's shape, the named method from
-// method/baselines.hpp, prefill(layer, chunk), then decode / attend / after_attention per step.
-// Component kinds (score.*, select.topk, budget.pyramidkv) call the component directly.
+// The foundation kinds (SPEC.md §5) on the CPU backend: reference attention, the top-k selector,
+// and the baselines StreamingLLM, H2O, SnapKV, PyramidKV and Quest.
+//   method.*    the one handler body per kind of method_kinds.hpp, instantiated on host_backend
+//               (the named method from method/baselines.hpp over a store::dense<float>, behind
+//               erased_method); the Thrust runners register the same bodies on the device
+//               (thrust/kinds_thrust_methods.cpp). method.quest.select's per_query_head form is
+//               the components' (quest_per_query_head below).
+//   components  score.*, select.topk, budget.pyramidkv, attention.decode call the component
+//               directly (host code; their Thrust handlers are in thrust/).
 
 #include "kinds_host.hpp"
+#include "method_kinds.hpp"
 #include "runner.hpp"
 
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/budget/pyramid.hpp>
-#include <kvsift/method/baselines.hpp>
 #include <kvsift/score/cumulative_attention.hpp>
 #include <kvsift/score/page_minmax.hpp>
 #include <kvsift/score/window_attention.hpp>
@@ -47,6 +51,7 @@ using kvsift::kv_view;
 using kvsift::model_shape;
 using kvsift::nhd;
 using store_t = kvsift::store::dense<float>;
+using host = kc::method_kinds::host_backend;
 
 using kc::dim;
 using kc::head_major;
@@ -70,49 +75,6 @@ kvsift::index_sets csr(const kc::tensor& values, const kc::tensor& offsets) {
   s.values = values.i32;
   s.offsets = offsets.i32;
   return s;
-}
-
-// Kept original positions of every KV head of `layer`, as a dense [H, k] tensor (every head must
-// keep the same count) or appended to a CSR family.
-std::vector<std::int32_t> kept_positions(const store_t& st, int layer, std::int64_t& per_head) {
-  const auto& sh = st.shape();
-  std::vector<std::int32_t> out;
-  per_head = st.length(sh.sequence(0, layer, 0));
-  for (int h = 0; h < sh.kv_heads; ++h) {
-    const auto seq = sh.sequence(0, layer, h);
-    if (st.length(seq) != per_head) {
-      throw kc::runner_error("KV heads keep different counts: " + std::to_string(per_head) +
-                             " vs " + std::to_string(st.length(seq)));
-    }
-    for (int i = 0; i < st.length(seq); ++i) out.push_back(st.position(seq, i));
-  }
-  return out;
-}
-
-// Prefills layer 0 of request 0 with the case's keys and prefill queries in one last chunk.
-// Prefill kinds check kept sets only, so the values are zeros.
-template <class Method>
-void prefill_keys(Method& m, const kc::tensor& k, const kc::tensor& q) {
-  const int n = dim(k, 1);
-  const std::vector<float> zeros(k.f32.size(), 0.0f);
-  m.prefill(0, kvsift::prefill_chunk<float>{.request = 0,
-                                            .keys = kv_of(k),
-                                            .values = head_major(zeros.data(), dim(k, 0), n,
-                                                                 dim(k, 2)),
-                                            .queries = queries_of(q),
-                                            .first_position = 0,
-                                            .last = true});
-}
-
-void put_kept(const store_t& st, int layer, kc::outputs& out) {
-  std::int64_t k = 0;
-  auto kept = kept_positions(st, layer, k);
-  out.put_i32("kept", {st.shape().kv_heads, k}, std::move(kept));
-}
-
-void put_csr(kc::outputs& out, const std::string& name, const kvsift::index_sets& sets) {
-  out.put_i32(name, {static_cast<std::int64_t>(sets.values.size())}, sets.values);
-  out.put_i32(name + "_offsets", {static_cast<std::int64_t>(sets.offsets.size())}, sets.offsets);
 }
 
 // A store holding one layer's keys [H, n, d] (values zero: the kind reads only keys).
@@ -223,55 +185,13 @@ const kc::registrar score_snapkv{
       }
     }};
 
-const kc::registrar method_snapkv_prefill{
-    "method.snapkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("queries");
-      const auto& k = c.in("keys");
-      const int n = dim(k, 1);
-      store_t st(model_shape{1, dim(q, 0), dim(k, 0), dim(k, 2)}, 1, n);
-      auto p = kvsift::snapkv_params<store_t>(
-          param(c, "budget"), param(c, "window"), param(c, "kernel"),
-          kvsift::parse_pooling(c.param_s("pooling")), kvsift::parse_gqa_reduce(c.param_s("gqa")));
-      kvsift::snapkv<store_t> m(st, p);
-      prefill_keys(m, k, q);  // only the window's queries: the chunk's newest ones
-      put_kept(st, 0, out);
-    }};
+const kc::registrar method_snapkv_prefill{"method.snapkv.prefill",
+                                          kc::method_kinds::snapkv_prefill<host>};
 
 const kc::registrar budget_pyramidkv{"budget.pyramidkv", kc::budget_pyramidkv_kind};
 
-const kc::registrar method_pyramidkv_prefill{
-    "method.pyramidkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("queries");
-      const auto& k = c.in("keys");
-      const int L = dim(k, 0), h = dim(k, 1), n = dim(k, 2), d = dim(k, 3);
-      const int w = param(c, "window");
-      store_t st(model_shape{L, dim(q, 1), h, d}, 1, n);
-      auto p = kvsift::pyramidkv_params<store_t>(param(c, "budget"), w, param(c, "kernel"),
-                                                 param(c, "beta"));
-      p.scorer.pool = kvsift::parse_pooling(c.param_s("pooling"));
-      p.scorer.gqa = kvsift::parse_gqa_reduce(c.param_s("gqa"));
-      kvsift::pyramidkv<store_t> m(st, p);
-      const std::vector<float> zeros(static_cast<std::size_t>(h) * n * d, 0.0f);
-      kvsift::index_sets kept;
-      std::vector<std::int32_t> past;
-      for (int l = 0; l < L; ++l) {
-        m.prefill(l, kvsift::prefill_chunk<float>{.request = 0,
-                                                  .keys = kv_of(k, l),
-                                                  .values = head_major(zeros.data(), h, n, d),
-                                                  .queries = queries_of(q, l),
-                                                  .first_position = 0,
-                                                  .last = true});
-        std::int64_t per_head = 0;
-        const auto pos = kept_positions(st, l, per_head);
-        for (int hh = 0; hh < h; ++hh) {
-          kept.push_back(std::span<const std::int32_t>(pos.data() + hh * per_head,
-                                                       static_cast<std::size_t>(per_head)));
-        }
-        past.push_back(static_cast<std::int32_t>(per_head) - std::min(w, n));
-      }
-      out.put_i32("past_budget", {L}, std::move(past));
-      put_csr(out, "kept", kept);
-    }};
+const kc::registrar method_pyramidkv_prefill{"method.pyramidkv.prefill",
+                                             kc::method_kinds::pyramidkv_prefill<host>};
 
 // ---- H2O ----------------------------------------------------------------------------------------
 
@@ -292,34 +212,12 @@ const kc::registrar score_h2o_prefill{
       out.put_f32("scores", {h, n}, s.values);
     }};
 
-const kc::registrar method_h2o_prefill{
-    "method.h2o.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("queries");
-      const auto& k = c.in("keys");
-      const int n = dim(k, 1);
-      store_t st(model_shape{1, dim(q, 0), dim(k, 0), dim(k, 2)}, 1, n);
-      kvsift::h2o<store_t> m(st, kvsift::h2o_params<store_t>(
-                                     param(c, "budget"), kvsift::parse_gqa_reduce(c.param_s("gqa"))));
-      prefill_keys(m, k, q);
-      put_kept(st, 0, out);
-    }};
+const kc::registrar method_h2o_prefill{"method.h2o.prefill", kc::method_kinds::h2o_prefill<host>};
 
 // ---- StreamingLLM -------------------------------------------------------------------------------
 
-const kc::registrar method_streaming_llm_prefill{
-    "method.streaming_llm.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const int n = param(c, "n");
-      store_t st(model_shape{1, 1, 1, 1}, 1, n);  // the kept set does not depend on KV
-      kvsift::streaming_llm<store_t> m(
-          st, kvsift::streaming_llm_params<store_t>(param(c, "budget"), param(c, "sink")));
-      const std::vector<float> zeros(static_cast<std::size_t>(n), 0.0f);
-      const auto kv = kv_view<const float, nhd>::contiguous(zeros.data(), n, 1, 1);
-      m.prefill(0, kvsift::prefill_chunk<float>{.request = 0, .keys = kv, .values = kv,
-                                                .queries = {}, .first_position = 0, .last = true});
-      std::int64_t k = 0;
-      auto kept = kept_positions(st, 0, k);
-      out.put_i32("kept", {k}, std::move(kept));
-    }};
+const kc::registrar method_streaming_llm_prefill{"method.streaming_llm.prefill",
+                                                 kc::method_kinds::streaming_llm_prefill<host>};
 
 // ---- Quest ----------------------------------------------------------------------------------------
 
@@ -353,154 +251,41 @@ const kc::registrar score_quest_pages{
       out.put_f32("page_scores_kv", {h, P}, per_kv.values);
     }};
 
+// method.quest.select, gqa "per_query_head": Quest's per-query-head option, one page set per query
+// head, scored without reduction (the components: no composition runs it).
+void quest_per_query_head(const kc::case_data& c, kc::outputs& out) {
+  const auto& q = c.in("query");
+  const auto& k = c.in("keys");
+  const int hq = dim(q, 0), n = dim(k, 1);
+  const int B = param(c, "budget"), ps = param(c, "page_size");
+  const int layer = param(c, "layer"), dense = param(c, "dense_layers");
+  store_t st = make_store(k, hq, n, layer + 1, layer);
+  const auto qv = queries_of(q);
+  const std::int32_t qpos = n - 1;
+  const int request = 0;
+  kvsift::score_input<store_t> in{&st, layer, kvsift::lifecycle_event::decode_step,
+                                  {&request, 1}, {&qv, 1}, {&qpos, 1}, {}};
+  kvsift::score::page_minmax sc{{.page_size = ps, .gqa = kvsift::gqa_reduce::max}};
+  kvsift::score_sets scores;
+  sc.score_per_query_head(in, scores);
+  const kvsift::select::page_topk sel{{.page_size = ps, .min_pages = 3}};
+  const int budget = layer < dense ? std::numeric_limits<int>::max() : B;
+  const std::vector<int> budgets(static_cast<std::size_t>(hq), budget);
+  kvsift::index_sets pages;
+  sel.select(scores, budgets, pages);
+  out.put_i32("pages", {hq, pages.size(0)}, pages.values);
+}
+
 const kc::registrar method_quest_select{
     "method.quest.select", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("query");
-      const auto& k = c.in("keys");
-      const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
-      const int B = param(c, "budget"), ps = param(c, "page_size");
-      const int layer = param(c, "layer"), dense = param(c, "dense_layers");
-      const std::string gqa = c.param_s("gqa");
-      if (gqa == "per_query_head") {
-        // Quest's per-query-head option: one page set per query head, scored without reduction.
-        store_t st = make_store(k, hq, n, layer + 1, layer);
-        const auto qv = queries_of(q);
-        const std::int32_t qpos = n - 1;
-        const int request = 0;
-        kvsift::score_input<store_t> in{&st, layer, kvsift::lifecycle_event::decode_step,
-                                        {&request, 1}, {&qv, 1}, {&qpos, 1}, {}};
-        kvsift::score::page_minmax sc{{.page_size = ps, .gqa = kvsift::gqa_reduce::max}};
-        kvsift::score_sets scores;
-        sc.score_per_query_head(in, scores);
-        const kvsift::select::page_topk sel{{.page_size = ps, .min_pages = 3}};
-        const int budget = layer < dense ? std::numeric_limits<int>::max() : B;
-        const std::vector<int> budgets(static_cast<std::size_t>(hq), budget);
-        kvsift::index_sets pages;
-        sel.select(scores, budgets, pages);
-        out.put_i32("pages", {hq, pages.size(0)}, pages.values);
-        return;
-      }
-      kvsift::require(gqa == "max", "method.quest.select", "gqa", gqa, "\"max\" or \"per_query_head\"");
-      // The selection of a decode step whose token is the case's last key: the method prefills
-      // the first n - 1 tokens (no queries: Quest scores nothing at prefill), then decodes.
-      store_t st(model_shape{layer + 1, hq, h, d}, 1, n);
-      kvsift::quest<store_t> m(st, kvsift::quest_params<store_t>(B, ps, dense));
-      const std::vector<float> zeros(static_cast<std::size_t>(h) * n * d, 0.0f);
-      if (n > 1) {
-        const auto head = kv_of(k).slice(0, n - 1);
-        m.prefill(layer, kvsift::prefill_chunk<float>{
-                             .request = 0,
-                             .keys = head,
-                             .values = head_major(zeros.data(), h, n, d).slice(0, n - 1),
-                             .queries = {},
-                             .first_position = 0,
-                             .last = true});
-      }
-      std::vector<float> last_key(static_cast<std::size_t>(h) * d);
-      for (int hh = 0; hh < h; ++hh) {
-        std::copy_n(k.f32.data() + (static_cast<std::size_t>(hh) * n + n - 1) * d, d,
-                    last_key.data() + static_cast<std::size_t>(hh) * d);
-      }
-      const auto& plan = m.decode(layer, kvsift::decode_token<float>{0, q.f32.data(),
-                                                                     last_key.data(), zeros.data()});
-      out.put_i32("pages", {h, plan.pages.size(0)}, plan.pages.values);
+      kc::method_kinds::quest_select<host>(c, out, quest_per_query_head);
     }};
 
 // ---- decode lifecycles ---------------------------------------------------------------------------
 
-// Runs T decode steps of a method on `layer`, collecting plan, out (and pages, evicted).
-template <class Method>
-void run_decode(const kc::case_data& c, Method& m, store_t& st, int layer, kc::outputs& out,
-                bool pages, bool evicted) {
-  const auto& sq = c.in("step_queries");
-  const auto& sk = c.in("step_keys");
-  const auto& sv = c.in("step_values");
-  const int T = dim(sq, 0), hq = dim(sq, 1), d = dim(sq, 2), h = dim(sk, 1);
-  const auto& sh = st.shape();
-  kvsift::index_sets plan_sets, page_sets;
-  std::vector<float> o(static_cast<std::size_t>(T) * hq * d);
-  std::vector<std::int32_t> ev;
-  for (int t = 0; t < T; ++t) {
-    const kvsift::decode_token<float> tok{
-        0, sq.f32.data() + static_cast<std::size_t>(t) * hq * d,
-        sk.f32.data() + static_cast<std::size_t>(t) * h * d,
-        sv.f32.data() + static_cast<std::size_t>(t) * h * d};
-    const auto& plan = m.decode(layer, tok);
-    for (int hh = 0; hh < h; ++hh) {
-      plan_sets.push_back(plan.positions[hh]);
-      if (pages) page_sets.push_back(plan.pages[hh]);
-    }
-    m.attend(layer, std::span<const kvsift::decode_token<float>>(&tok, 1),
-             o.data() + static_cast<std::size_t>(t) * hq * d);
-    std::vector<std::vector<std::int32_t>> before(static_cast<std::size_t>(h));
-    for (int hh = 0; hh < h; ++hh) {
-      const auto seq = sh.sequence(0, layer, hh);
-      for (int i = 0; i < st.length(seq); ++i) before[hh].push_back(st.position(seq, i));
-    }
-    m.after_attention(layer, tok);
-    for (int hh = 0; hh < h; ++hh) {  // the position that disappeared, if any
-      const auto seq = sh.sequence(0, layer, hh);
-      std::vector<std::int32_t> after;
-      for (int i = 0; i < st.length(seq); ++i) after.push_back(st.position(seq, i));
-      std::vector<std::int32_t> gone;
-      std::set_difference(before[hh].begin(), before[hh].end(), after.begin(), after.end(),
-                          std::back_inserter(gone));
-      if (gone.size() > 1) {
-        throw kc::runner_error("step " + std::to_string(t + 1) + " evicted " +
-                               std::to_string(gone.size()) + " tokens of head " +
-                               std::to_string(hh));
-      }
-      ev.push_back(gone.empty() ? -1 : gone[0]);
-    }
-  }
-  put_csr(out, "plan", plan_sets);
-  out.put_f32("out", {T, hq, d}, std::move(o));
-  if (pages) put_csr(out, "pages", page_sets);
-  if (evicted) out.put_i32("evicted", {T, h}, std::move(ev));
-}
-
-// A store for the prefill keys/values plus T decode steps, on `layer` of `layer + 1` layers.
-store_t decode_store(const kc::case_data& c, int layer) {
-  const auto& k = c.in("keys");
-  const auto& sq = c.in("step_queries");
-  return store_t(model_shape{layer + 1, dim(sq, 1), dim(k, 0), dim(k, 2)}, 1,
-                 dim(k, 1) + dim(sq, 0));
-}
-
-kvsift::prefill_chunk<float> prompt(const kc::case_data& c, kv_view<const float, nhd> queries) {
-  return {.request = 0, .keys = kv_of(c.in("keys")), .values = kv_of(c.in("values")),
-          .queries = queries, .first_position = 0, .last = true};
-}
-
-const kc::registrar method_streaming_llm_decode{
-    "method.streaming_llm.decode", [](const kc::case_data& c, kc::outputs& out) {
-      store_t st = decode_store(c, 0);
-      kvsift::streaming_llm<store_t> m(
-          st, kvsift::streaming_llm_params<store_t>(param(c, "budget"), param(c, "sink")));
-      m.prefill(0, prompt(c, {}));
-      run_decode(c, m, st, 0, out, false, false);
-    }};
-
-const kc::registrar method_h2o_decode{
-    "method.h2o.decode", [](const kc::case_data& c, kc::outputs& out) {
-      store_t st = decode_store(c, 0);
-      kvsift::h2o<store_t> m(st, kvsift::h2o_params<store_t>(
-                                     param(c, "budget"), kvsift::parse_gqa_reduce(c.param_s("gqa"))));
-      m.prefill(0, prompt(c, queries_of(c.in("queries"))));
-      run_decode(c, m, st, 0, out, false, true);
-    }};
-
-const kc::registrar method_quest_decode{
-    "method.quest.decode", [](const kc::case_data& c, kc::outputs& out) {
-      kvsift::require(c.param_s("gqa") == "max", "method.quest.decode", "gqa", c.param_s("gqa"),
-                      "\"max\"");
-      const int layer = param(c, "layer");
-      store_t st = decode_store(c, layer);
-      kvsift::quest<store_t> m(st, kvsift::quest_params<store_t>(
-                                       param(c, "budget"), param(c, "page_size"),
-                                       param(c, "dense_layers")));
-      m.prefill(layer, prompt(c, {}));  // Quest needs no prefill queries
-      run_decode(c, m, st, layer, out, true, false);
-    }};
+const kc::registrar method_streaming_llm_decode{"method.streaming_llm.decode",
+                                                kc::method_kinds::streaming_llm_decode<host>};
+const kc::registrar method_h2o_decode{"method.h2o.decode", kc::method_kinds::h2o_decode<host>};
+const kc::registrar method_quest_decode{"method.quest.decode", kc::method_kinds::quest_decode<host>};
 
 }  // namespace

@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // DynamicKV kinds (SPEC.md §5): budget.dynamickv drives budget::dynamic_layer exactly as the
 // method does (budgets() per layer, select::topk with the window, revise() after each layer's
-// round, revisions applied to the kept sets); method.dynamickv.prefill runs the named method
-// dynamickv over a store::dense<float>, prefilling layer by layer as an engine does.
+// round, revisions applied to the kept sets: host code; its Thrust handler is
+// thrust/kinds_thrust_dynamickv.cpp's); method.dynamickv.prefill is method_kinds.hpp's body on
+// host_backend (the named method dynamickv over a store::dense<float>, prefilled layer by layer
+// as an engine does; the Thrust runners run the same body on the device,
+// thrust/kinds_thrust_methods.cpp).
 
+#include "method_kinds.hpp"
 #include "runner.hpp"
 
 #include <kvsift/budget/dynamic_layer.hpp>
-#include <kvsift/method/dynamickv.hpp>
 #include <kvsift/select/topk.hpp>
-#include <kvsift/store/dense.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -18,15 +20,8 @@
 
 namespace {
 namespace kc = kvsift::conformance;
-using kvsift::kv_view;
-using kvsift::model_shape;
-using kvsift::nhd;
-using store_t = kvsift::store::dense<float>;
-
 using kc::dim;
-using kc::head_major;
 using kc::param;
-
 
 void put_common(kc::outputs& out, int L, const std::vector<int>& past,
                 const std::vector<std::vector<int>>& history,
@@ -95,54 +90,7 @@ const kc::registrar budget_dynamickv{
       put_common(out, L, b.past_budgets(0), b.history(0), kept);
     }};
 
-const kc::registrar method_dynamickv_prefill{
-    "method.dynamickv.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("queries");
-      const auto& k = c.in("keys");
-      const int L = dim(k, 0), H = dim(k, 1), n = dim(k, 2), d = dim(k, 3);
-      const int hq = dim(q, 1), nq = dim(q, 2), w = param(c, "window");
-      store_t st(model_shape{L, hq, H, d}, 1, n);
-      auto p = kvsift::dynamickv_params<store_t>(param(c, "budget"), w, param(c, "kernel"),
-                                                 param(c, "r_max"), param(c, "interval"));
-      p.scorer.pool = kvsift::parse_pooling(c.param_s("pooling"));
-      p.scorer.gqa = kvsift::parse_gqa_reduce(c.param_s("gqa"));
-      kvsift::dynamickv<store_t> m(st, p);
-      const std::vector<float> zeros(static_cast<std::size_t>(H) * n * d, 0.0f);
-      // Queries [n, Hq, d] token-major: only the last nq (the window) are meaningful.
-      std::vector<float> qs(static_cast<std::size_t>(n) * hq * d, 0.0f);
-      std::vector<float> scores;
-      for (int l = 0; l < L; ++l) {
-        for (int h = 0; h < hq; ++h) {
-          for (int i = 0; i < nq; ++i) {
-            std::copy_n(q.f32.data() + ((static_cast<std::size_t>(l) * hq + h) * nq + i) * d, d,
-                        qs.data() + ((static_cast<std::size_t>(n - nq + i)) * hq + h) * d);
-          }
-        }
-        m.prefill(l, kvsift::prefill_chunk<float>{
-                         .request = 0,
-                         .keys = head_major(k.f32.data() + static_cast<std::size_t>(l) * H * n * d,
-                                            H, n, d),
-                         .values = head_major(zeros.data(), H, n, d),
-                         .queries = kv_view<const float, nhd>::contiguous(qs.data(), n, hq, d),
-                         .first_position = 0,
-                         .last = true});
-        const auto s = m.budgeter_state().scores(0, l);
-        scores.insert(scores.end(), s.begin(), s.end());
-      }
-      if (c.expected.count("scores") != 0) {
-        out.put_f32("scores", {L, H, std::max(n - w, 0)}, std::move(scores));
-      }
-      std::vector<std::vector<std::int32_t>> kept;
-      for (int l = 0; l < L; ++l) {
-        for (int h = 0; h < H; ++h) {
-          const auto seq = st.shape().sequence(0, l, h);
-          std::vector<std::int32_t> pos;
-          for (int i = 0; i < st.length(seq); ++i) pos.push_back(st.position(seq, i));
-          kept.push_back(std::move(pos));
-        }
-      }
-      const auto& b = m.budgeter_state();
-      put_common(out, L, b.past_budgets(0), b.history(0), kept);
-    }};
+const kc::registrar method_dynamickv_prefill{"method.dynamickv.prefill",
+                                             kc::method_kinds::dynamickv_prefill<kc::method_kinds::host_backend>};
 
 }  // namespace

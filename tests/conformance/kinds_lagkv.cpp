@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// LagKV kinds (SPEC §5): score.lagkv (one round's scores through score::lag_relative),
-// method.lagkv.prefill (kvsift::lagkv fed as SPEC says: the first min(n, S + 2L) tokens, then
-// chunks of L) and method.lagkv.decode (that prefill, then decode / attend / after_attention).
+// LagKV kinds (SPEC §5) on the CPU backend: score.lagkv (one round's scores through
+// score::lag_relative, host code; its Thrust handler is thrust/kinds_thrust.cpp's), and
+// method.lagkv.prefill / method.lagkv.decode: method_kinds.hpp's bodies on host_backend
+// (kvsift::lagkv over a store::dense<float>; the Thrust runners run the same bodies on the
+// device, thrust/kinds_thrust_methods.cpp).
 
+#include "method_kinds.hpp"
 #include "runner.hpp"
 
-#include <kvsift/method/lagkv.hpp>
+#include <kvsift/score/lag.hpp>
 #include <kvsift/store/dense.hpp>
 
 #include <algorithm>
@@ -16,48 +19,8 @@ namespace {
 namespace kc = kvsift::conformance;
 using store_t = kvsift::store::dense<float>;
 
-// [H, n, d] -> [n, H, d], the layout prefill chunks arrive in.
-std::vector<float> to_nhd(const kc::tensor& t) {
-  const auto H = t.dim(0), n = t.dim(1), d = t.dim(2);
-  std::vector<float> out(t.f32.size());
-  for (std::int64_t h = 0; h < H; ++h) {
-    for (std::int64_t j = 0; j < n; ++j) {
-      std::copy_n(t.f32.data() + (h * n + j) * d, d, out.data() + (j * H + h) * d);
-    }
-  }
-  return out;
-}
-
-kvsift::lagkv<store_t>::params params_of(const kc::case_data& c) {
-  return kvsift::lagkv_params<store_t>(static_cast<int>(c.param_i("sink")),
-                                       static_cast<int>(c.param_i("lag")),
-                                       c.param_d("keep_fraction"), c.param_d("value_weight"),
-                                       kvsift::score::parse_lag_variant(c.param_s("variant")));
-}
-
-// Feeds the prompt as SPEC's method.lagkv.prefill says; the method runs a round after each
-// arrival when its trigger fires.
-void prefill(kvsift::lagkv<store_t>& m, const kc::case_data& c) {
-  const auto& keys = c.in("keys");
-  const int H = static_cast<int>(keys.dim(0)), n = static_cast<int>(keys.dim(1)),
-            d = static_cast<int>(keys.dim(2));
-  const auto k = to_nhd(keys), v = to_nhd(c.in("values"));
-  const auto& p = m.parameters().selector;
-  int first = 0;
-  int chunk = std::min(n, p.sink + 2 * p.lag);
-  while (first < n) {
-    kvsift::prefill_chunk<float> ch;
-    ch.keys = kvsift::kv_view<const float, kvsift::nhd>::contiguous(k.data(), n, H, d)
-                  .slice(first, chunk);
-    ch.values = kvsift::kv_view<const float, kvsift::nhd>::contiguous(v.data(), n, H, d)
-                    .slice(first, chunk);
-    ch.first_position = first;
-    ch.last = first + chunk == n;
-    m.prefill(0, ch);
-    first += chunk;
-    chunk = std::min(p.lag, n - first);
-  }
-}
+using kc::method_kinds::detail::to_nhd;
+using host = kc::method_kinds::host_backend;
 
 const kc::registrar score_lagkv{
     "score.lagkv", [](const kc::case_data& c, kc::outputs& out) {
@@ -95,61 +58,8 @@ const kc::registrar score_lagkv{
       }
     }};
 
-const kc::registrar method_lagkv_prefill{
-    "method.lagkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& keys = c.in("keys");
-      const int H = static_cast<int>(keys.dim(0)), n = static_cast<int>(keys.dim(1)),
-                d = static_cast<int>(keys.dim(2));
-      store_t st({.layers = 1, .q_heads = H, .kv_heads = H, .head_dim = d}, 1, n);
-      kvsift::lagkv<store_t> m(st, params_of(c));
-      prefill(m, c);
-      const int kept = st.length(0, 0, 0);
-      std::vector<std::int32_t> pos;
-      for (int h = 0; h < H; ++h) {
-        if (st.length(0, 0, h) != kept) throw kc::runner_error("heads kept different counts");
-        for (int j = 0; j < kept; ++j) pos.push_back(st.position(st.shape().sequence(0, 0, h), j));
-      }
-      out.put_i32("kept", {H, kept}, pos);
-      out.put_i32("base", {1}, {kvsift::lagkv_base(m, 0, 0, 0)});
-      out.put_i32("rounds", {1}, {static_cast<std::int32_t>(m.stats().refreshes)});
-    }};
-
-const kc::registrar method_lagkv_decode{
-    "method.lagkv.decode", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& keys = c.in("keys");
-      const auto& q = c.in("step_queries");
-      const auto& sk = c.in("step_keys");
-      const auto& sv = c.in("step_values");
-      const int H = static_cast<int>(keys.dim(0)), n = static_cast<int>(keys.dim(1)),
-                d = static_cast<int>(keys.dim(2));
-      const int T = static_cast<int>(q.dim(0)), Hq = static_cast<int>(q.dim(1));
-      store_t st({.layers = 1, .q_heads = Hq, .kv_heads = H, .head_dim = d}, 1, n + T);
-      kvsift::lagkv<store_t> m(st, params_of(c));
-      prefill(m, c);
-      std::vector<std::int32_t> plan, offsets{0}, compressed, base;
-      std::vector<float> att(static_cast<std::size_t>(T) * Hq * d);
-      for (int t = 0; t < T; ++t) {
-        const kvsift::decode_token<float> tok{0,
-                                              q.f32.data() + static_cast<std::size_t>(t) * Hq * d,
-                                              sk.f32.data() + static_cast<std::size_t>(t) * H * d,
-                                              sv.f32.data() + static_cast<std::size_t>(t) * H * d};
-        const std::span<const kvsift::decode_token<float>> toks(&tok, 1);
-        const auto& pl = m.decode(0, toks);
-        for (int h = 0; h < H; ++h) {
-          plan.insert(plan.end(), pl.positions[h].begin(), pl.positions[h].end());
-          offsets.push_back(static_cast<std::int32_t>(plan.size()));
-        }
-        m.attend(0, toks, att.data() + static_cast<std::size_t>(t) * Hq * d);
-        const auto before = m.stats().refreshes;
-        m.after_attention(0, toks);
-        compressed.push_back(m.stats().refreshes > before ? 1 : 0);
-        base.push_back(kvsift::lagkv_base(m, 0, 0, 0));
-      }
-      out.put_i32("plan", {static_cast<std::int64_t>(plan.size())}, plan);
-      out.put_i32("plan_offsets", {static_cast<std::int64_t>(offsets.size())}, offsets);
-      out.put_f32("out", {T, Hq, d}, att);
-      out.put_i32("compressed", {T}, compressed);
-      out.put_i32("base", {T}, base);
-    }};
+const kc::registrar method_lagkv_prefill{"method.lagkv.prefill",
+                                         kc::method_kinds::lagkv_prefill<host>};
+const kc::registrar method_lagkv_decode{"method.lagkv.decode", kc::method_kinds::lagkv_decode<host>};
 
 }  // namespace

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Laws of the Thrust algorithms the baselines' decode steps add (tests/conformance/thrust/
-// kinds_thrust_decode.cpp), each against the CPU code it mirrors, bit for bit, on random inputs
+// Laws of the Thrust algorithms the baselines' decode steps add (the device methods' decode,
+// include/kvsift/device/), each against the CPU code it mirrors, bit for bit, on random inputs
 // of several sizes, under the compiled device system and thrust::cpp::par:
 //   append_rows / pack_rows / gather_positions + compact_rows   a device store follows
 //                                                               store::dense through appends

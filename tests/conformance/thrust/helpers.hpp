@@ -1,14 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Helpers shared by the Thrust backend's conformance handlers (kinds_thrust*.cpp): host <-> device
-// copies, the layout shuffles between the vectors' [heads, tokens, d] tensors and the backend's
-// ragged batches, and the two compositions every method kind uses: device_topk (thrust::
-// segmented_topk with a protected sink / window) and gather_kept (thrust::gather_rows of the kept
-// rows, whose gathered positions are a method's output). Window scores (SnapKV / PyramidKV /
-// DynamicKV) are here too since several families score with them, and LagKV's prompt top-k
-// (lag_prompt_topk: its prefill kind and its decode kind's prompt round). Host code only; every array
-// the algorithms read or write is a thrust::device_vector.
+// Helpers shared by the Thrust backend's hand-composed conformance handlers (kinds_thrust*.cpp):
+// host <-> device copies, the layout shuffles between the vectors' [heads, tokens, d] tensors
+// and the backend's ragged batches, device_topk (thrust::segmented_topk with a protected sink /
+// window), gather_kept (thrust::gather_rows of the kept rows, whose gathered positions are
+// budget.dynamickv's output) and window scores (score.snapkv). Host code only; every array the
+// algorithms read or write is a thrust::device_vector. The one-tier method kinds use none of
+// this: they run the library's methods on the device (device_backend.hpp).
 
 #include "../runner.hpp"
 
@@ -134,73 +133,6 @@ inline device_sets device_topk(const dvec<float>& scores, const dvec<i32>& offse
 inline kt::lag_variant lag_variant_of(const kc::case_data& c) {
   return kt::variant_of(kvsift::score::parse_lag_variant(c.param_s("variant")));
 }
-// LagKV's prompt on the device (method.lagkv.prefill, and the prompt round of
-// method.lagkv.decode). The rounds of SPEC's chunk-by-chunk recursion (first S + 2L tokens, then
-// chunks of L) score partition p against raw partition p + 1 whatever the chunking, so they run
-// at once, as kvsift::lagkv's prefill runs them: lag_scores over [S, n) with base S, one
-// segmented top-k whose segments per head are the sink, each scored partition (keeping k) and
-// the raw tail (kept whole; both score +inf). `kept` holds per sub-segment (per_head of them per
-// head) the kept slots, head-local.
-struct lag_prompt {
-  device_sets kept;
-  int per_head = 0;  // sub-segments per head: the sink, the scored partitions, the tail
-  int scored = 0;    // partitions compressed (= rounds)
-  int base0 = 0;     // min(S, n)
-};
-
-// Head-local index of kept entry t: its sub-segment's start minus the head's first token.
-struct head_local_fn {
-  const i32* sub_offsets;   // [H * per_head + 1] token offsets of the sub-segments
-  const i32* kept_offsets;  // [H * per_head + 1] CSR of the kept sub-segment-local indices
-  int num_sub;
-  int per_head;
-  int n;
-  i32* kept;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
-    const int s = kt::detail::segment_of(kept_offsets, num_sub, t);
-    kept[t] += sub_offsets[s] - (s / per_head) * n;
-  }
-};
-
-inline lag_prompt lag_prompt_topk(const dvec<float>& kd, const dvec<float>& vd, int H, int n, int d,
-                                  int S, int L, int k, const kt::lag_params& p) {
-  const auto exec = ::thrust::device;
-  lag_prompt r;
-  r.base0 = std::min(S, n);
-  const int P = (n - r.base0) / L;  // full partitions of [base0, n)
-  r.scored = P >= 2 ? P - 1 : 0;
-  const std::int64_t N = static_cast<std::int64_t>(H) * n;
-  const dvec<i32> offsets = to_device(uniform_offsets(H, n));
-  const dvec<i32> base = to_device(std::vector<i32>(static_cast<std::size_t>(H), r.base0));
-  dvec<float> scores(static_cast<std::size_t>(N));
-  {
-    const kt::segmented_rows<float> rk{raw(kd), raw(offsets), nullptr, 0, H, d};
-    const kt::segmented_rows<float> rv{raw(vd), raw(offsets), nullptr, 0, H, d};
-    dvec<unsigned char> ws(kt::lag_workspace_bytes(N, H, d, L));
-    kt::lag_scores(exec, rk, rv, raw(base), N, p, raw(scores), raw(ws), ws.size());
-  }
-  r.per_head = r.scored + 2;
-  std::vector<i32> sub{0}, budgets;
-  for (int h = 0; h < H; ++h) {
-    sub.push_back(h * n + r.base0);
-    budgets.push_back(r.base0);
-    for (int q = 0; q < r.scored; ++q) {
-      sub.push_back(sub.back() + L);
-      budgets.push_back(k);
-    }
-    sub.push_back((h + 1) * n);
-    budgets.push_back(n - r.base0 - r.scored * L);
-  }
-  const int num_sub = H * r.per_head;
-  const dvec<i32> sub_d = to_device(sub);
-  r.kept = device_topk(scores, sub_d, num_sub, budgets, 0,
-                       std::vector<i32>(static_cast<std::size_t>(num_sub), 0));
-  ::thrust::for_each_n(exec, ::thrust::counting_iterator<std::int64_t>(0), r.kept.total,
-                       head_local_fn{raw(sub_d), raw(r.kept.offsets), num_sub, r.per_head, n,
-                                     raw(r.kept.values)});
-  return r;
-}
-
 // Gathers the kept rows of `segments` packed segments of `n` keys (positions 0..n-1) into a
 // dense [segments, n, d] device array and returns the gathered original positions, CSR on the
 // host: what a compacted device store holds.

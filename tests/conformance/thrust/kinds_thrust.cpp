@@ -1,20 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // The conformance kinds the Thrust backend (include/kvsift/thrust/) implements, registered for
 // `--backend thrust`. Compiled only into kvsift-conformance-thrust-cpp / -omp (g++ with
-// THRUST_DEVICE_SYSTEM = CPP or OMP); the same code compiled by nvcc runs on a GPU.
+// THRUST_DEVICE_SYSTEM = CPP or OMP); the same code compiled by nvcc runs on a GPU
+// (kvsift-conformance-cuda, `--backend cuda`), all but the method kinds of kinds_thrust_methods.cpp.
 //
 // Thrust kinds (29: every kind but calibrate.*; kinds.cmake's KVSIFT_CONFORMANCE_THRUST_KINDS,
 // `--list-kinds --backend thrust`), by file:
-//   kinds_thrust.cpp           select.topk, score.snapkv, method.snapkv.prefill,
-//                              method.pyramidkv.prefill, score.quest_pages, method.quest.select,
-//                              score.lagkv, method.lagkv.prefill, score.freekv_pages,
-//                              method.freekv.select
-//   kinds_thrust_baselines.cpp attention.decode, score.h2o_prefill, method.h2o.prefill,
-//                              method.streaming_llm.prefill
+//   kinds_thrust.cpp           select.topk, score.snapkv, score.quest_pages, method.quest.select,
+//                              score.lagkv, score.freekv_pages, method.freekv.select
+//   kinds_thrust_baselines.cpp attention.decode, score.h2o_prefill
 //   kinds_thrust_freekv.cpp    trigger.query_cosine
-//   kinds_thrust_dynamickv.cpp method.dynamickv.prefill, budget.dynamickv
-//   kinds_thrust_decode.cpp    method.streaming_llm.decode, method.h2o.decode,
-//                              method.quest.decode, method.lagkv.decode
+//   kinds_thrust_dynamickv.cpp budget.dynamickv
+//   kinds_thrust_methods.cpp   method.snapkv.prefill, method.pyramidkv.prefill, method.h2o.prefill,
+//                              method.streaming_llm.prefill, method.streaming_llm.decode,
+//                              method.h2o.decode, method.quest.decode, method.lagkv.prefill,
+//                              method.lagkv.decode, method.dynamickv.prefill
 //   kinds_thrust_tiered.cpp    method.synckv.decode, method.freekv.decode,
 //                              method.heterocache.prefill, method.heterocache.decode
 //   kinds_thrust_host.cpp      budget.fraction, budget.pyramidkv, budget.synckv,
@@ -23,31 +23,32 @@
 //                              (../kinds_host.hpp)
 // helpers.hpp holds what the files share (copies, layouts, device_topk, gather_kept).
 //
-// Each handler copies the case's inputs into thrust::device_vector, calls kvsift::thrust
-// functions with the `thrust::device` policy on raw device pointers, copies the results back
-// and puts them as outputs; the runner compares them exactly as it compares the CPU handlers'
-// (SPEC §4). No handler calls a CPU scorer or selector: the only library code run on the host
-// is parameter arithmetic (budget::pyramid_past_budget, select::page_topk::pages_for,
-// select::partition_topk::keep_per_partition, score::freekv_pages::layout,
-// select::topk::window_for, the selectors' parameter checks) and host budgeters
-// (budget::dynamic_layer, and the budget.* kinds above); a budget too small for the protected
-// tokens is rejected by thrust::segmented_topk itself.
-//
-// Method kinds (method.snapkv.prefill, method.pyramidkv.prefill, method.h2o.prefill,
-// method.streaming_llm.prefill, method.dynamickv.prefill, method.quest.select,
-// method.freekv.select, method.lagkv.prefill) are composed the way the method composes its
-// components: scorer -> budget -> segmented top-k with the protected sink / window -> gather of
-// the kept rows, whose gathered positions are the output.
+// Two kinds of handler:
+//   one-tier methods   (method.snapkv / pyramidkv / h2o / streaming_llm / quest / lagkv /
+//                      dynamickv kinds) the CPU backend's handler bodies (../method_kinds.hpp)
+//                      instantiated on the device backend (device_backend.hpp): the library's
+//                      method<thrust::dense_store<float, E>, Recipe, E> on exec::sim_cpp / sim_omp
+//                      behind device::staged_method. method.quest.select's per_query_head form
+//                      (an option of the components, not a composition) is composed here.
+//   components and the two-tier methods (everything else) composed by hand: each handler copies
+//                      the case's inputs into thrust::device_vector, calls kvsift::thrust
+//                      functions with the `thrust::device` policy on raw device pointers, copies
+//                      the results back and puts them as outputs. No such handler calls a CPU
+//                      scorer or selector: the only library code run on the host is parameter
+//                      arithmetic (select::page_topk::pages_for, score::freekv_pages::layout,
+//                      the selectors' parameter checks) and host budgeters (budget::dynamic_layer,
+//                      and the budget.* kinds above); a budget too small for the protected tokens
+//                      is rejected by thrust::segmented_topk itself.
+// The runner compares every output exactly as it compares the CPU handlers' (SPEC §4).
 
+#include "device_backend.hpp"
 #include "helpers.hpp"
 
-#include <kvsift/budget/pyramid.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/score/freekv_pages.hpp>
 #include <kvsift/score/lag.hpp>
 #include <kvsift/select/freekv_pages.hpp>
 #include <kvsift/select/page_topk.hpp>
-#include <kvsift/select/partition_topk.hpp>
 #include <kvsift/thrust/all.hpp>
 #include <kvsift/thrust/freekv_pages.hpp>
 
@@ -101,7 +102,7 @@ const kc::registrar select_topk{
       put_dense(out, "kept", to_host(kept.offsets), to_host(kept.values));
     }};
 
-// ---- SnapKV / PyramidKV: window_attention_scores (window_scores in helpers.hpp) -------------
+// ---- SnapKV: window_attention_scores (window_scores in helpers.hpp) ----------------------------
 
 const kc::registrar score_snapkv{
     handlers_backend, "score.snapkv", [](const kc::case_data& c, kc::outputs& out) {
@@ -118,53 +119,6 @@ const kc::registrar score_snapkv{
       const auto kq = repeat_blocks(k.f32, static_cast<std::size_t>(n) * d, G);
       const auto m = to_host(window_scores(kq, qs, 1, hq, 1, n, w, d, window_params(c, 1)));
       out.put_f32("window_mean", {hq, n - w}, slice_rows(m, hq, n, 0, n - w));
-    }};
-
-const kc::registrar method_snapkv_prefill{
-    handlers_backend, "method.snapkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("queries");
-      const auto& k = c.in("keys");
-      const int hq = dim(q, 0), nq = dim(q, 1), d = dim(q, 2), h = dim(k, 0), n = dim(k, 1);
-      const int w = std::min(param(c, "window"), n);
-      if (nq != w) throw kc::runner_error("queries: " + std::to_string(nq) + " != min(window, n)");
-      const std::vector<i32> budgets(static_cast<std::size_t>(h), param(c, "budget"));
-      const std::vector<i32> window(static_cast<std::size_t>(h), w);
-      const auto qs = swap_outer(q.f32.data(), hq, nq, d);
-      const auto scores = window_scores(k.f32, qs, 1, h, hq / h, n, nq, d,
-                                        window_params(c, param(c, "kernel")));
-      const dvec<float> keys = to_device(k.f32);
-      const auto kept = device_topk(scores, to_device(uniform_offsets(h, n)), h, budgets, 0, window);
-      const auto sets = gather_kept(keys, h, n, d, kept);
-      put_dense(out, "kept", sets.offsets, sets.values);
-    }};
-
-const kc::registrar method_pyramidkv_prefill{
-    handlers_backend, "method.pyramidkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("queries");
-      const auto& k = c.in("keys");
-      const int L = dim(k, 0), h = dim(k, 1), n = dim(k, 2), d = dim(k, 3);
-      const int hq = dim(q, 1), nq = dim(q, 2);
-      const int C = param(c, "budget"), w = param(c, "window"), beta = param(c, "beta");
-      if (nq != std::min(w, n)) throw kc::runner_error("queries: window mismatch");
-      // Every layer in one ragged batch: layer l is "request" l, segments l * H + h.
-      std::vector<float> qs;
-      for (int l = 0; l < L; ++l) {
-        const auto t = swap_outer(q.f32.data() + static_cast<std::size_t>(l) * hq * nq * d, hq, nq, d);
-        qs.insert(qs.end(), t.begin(), t.end());
-      }
-      const auto scores = window_scores(k.f32, qs, L, h, hq / h, n, nq, d,
-                                        window_params(c, param(c, "kernel")));
-      std::vector<i32> past, budgets;
-      for (int l = 0; l < L; ++l) {
-        past.push_back(kvsift::budget::pyramid_past_budget(n, C, w, l, L, beta));
-        budgets.insert(budgets.end(), h, n < C ? n : past.back() + std::min(w, n));
-      }
-      const std::vector<i32> window(static_cast<std::size_t>(L) * h, std::min(w, n));
-      const dvec<float> keys = to_device(k.f32);
-      const auto kept =
-          device_topk(scores, to_device(uniform_offsets(L * h, n)), L * h, budgets, 0, window);
-      out.put_i32("past_budget", {L}, past);
-      put_csr(out, "kept", gather_kept(keys, L * h, n, d, kept));
     }};
 
 // ---- Quest: page_digest, page_scores -------------------------------------------------------------
@@ -239,32 +193,37 @@ const kc::registrar score_quest_pages{
                   to_host(quest_scores(dg, query, h, G, d, kvsift::gqa_reduce::max, false)));
     }};
 
+#if KVSIFT_CONFORMANCE_DEVICE_METHODS
+// method.quest.select, gqa "per_query_head": Quest's per-query-head option, one page set per
+// query head (page_scores per query head, then the top pages); the gqa "max" form is the method,
+// method_kinds::quest_select on the device backend.
+void quest_per_query_head(const kc::case_data& c, kc::outputs& out) {
+  const auto& q = c.in("query");
+  const auto& k = c.in("keys");
+  const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
+  const int ps = param(c, "page_size");
+  const dvec<float> keys = to_device(k.f32);
+  const dvec<float> query = to_device(q.f32);
+  const auto dg = digest(keys, h, n, d, ps);
+  const int P = dg.pages_per_head;
+  const auto scores = quest_scores(dg, query, h, hq / h, d, kvsift::gqa_reduce::max, true);
+  // Quest's budget in pages (select::page_topk, min 3 pages); a dense layer takes every page.
+  const kvsift::select::page_topk sel{{.page_size = ps, .min_pages = 3}};
+  sel.validate("method.quest.select");
+  const int pages = param(c, "layer") < param(c, "dense_layers") ? P
+                                                                 : sel.pages_for(param(c, "budget"));
+  // the current (last) page is always taken: protected as a one-page window
+  const auto kept = device_topk(scores, to_device(uniform_offsets(hq, P)), hq,
+                                std::vector<i32>(hq, pages), 0, std::vector<i32>(hq, 1));
+  put_dense(out, "pages", to_host(kept.offsets), to_host(kept.values));
+}
+
 const kc::registrar method_quest_select{
     handlers_backend, "method.quest.select", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("query");
-      const auto& k = c.in("keys");
-      const int hq = dim(q, 0), h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
-      const int ps = param(c, "page_size");
-      const std::string gqa = c.param_s("gqa");
-      kvsift::require(gqa == "max" || gqa == "per_query_head", "method.quest.select", "gqa", gqa,
-                      "\"max\" or \"per_query_head\"");
-      const bool per_q = gqa == "per_query_head";
-      const dvec<float> keys = to_device(k.f32);
-      const dvec<float> query = to_device(q.f32);
-      const auto dg = digest(keys, h, n, d, ps);
-      const int P = dg.pages_per_head;
-      const int rows = per_q ? hq : h;
-      const auto scores = quest_scores(dg, query, h, hq / h, d, kvsift::gqa_reduce::max, per_q);
-      // Quest's budget in pages (select::page_topk, min 3 pages); a dense layer takes every page.
-      const kvsift::select::page_topk sel{{.page_size = ps, .min_pages = 3}};
-      sel.validate("method.quest.select");
-      const int pages = param(c, "layer") < param(c, "dense_layers") ? P
-                                                                     : sel.pages_for(param(c, "budget"));
-      // the current (last) page is always taken: protected as a one-page window
-      const auto kept = device_topk(scores, to_device(uniform_offsets(rows, P)), rows,
-                                    std::vector<i32>(rows, pages), 0, std::vector<i32>(rows, 1));
-      put_dense(out, "pages", to_host(kept.offsets), to_host(kept.values));
+      kvsift::conformance::method_kinds::quest_select<kvsift::conformance::method_kinds::device>(
+          c, out, quest_per_query_head);
     }};
+#endif
 
 // ---- LagKV: lag_scores ---------------------------------------------------------------------------
 
@@ -302,34 +261,6 @@ const kc::registrar score_lagkv{
         out.put_f32("score_k", {H, m}, run(k, v, 0.0));
         out.put_f32("score_v", {H, m}, run(v, k, 0.0));
       }
-    }};
-
-// LagKV's prefill on the device: lag_prompt_topk (helpers.hpp), then the kept rows gathered.
-
-const kc::registrar method_lagkv_prefill{
-    handlers_backend, "method.lagkv.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& keys = c.in("keys");
-      const auto& values = c.in("values");
-      const int H = dim(keys, 0), n = dim(keys, 1), d = dim(keys, 2);
-      const kvsift::select::partition_topk sel{{.sink = param(c, "sink"),
-                                                .lag = param(c, "lag"),
-                                                .keep_fraction = c.param_d("keep_fraction")}};
-      sel.validate("method.lagkv.prefill");
-      const int S = sel.p.sink, L = sel.p.lag, k = sel.keep_per_partition();
-      const kt::lag_params p{.lag = L,
-                             .value_weight = c.param_d("value_weight"),
-                             .variant = lag_variant_of(c)};
-      const dvec<float> kd = to_device(keys.f32), vd = to_device(values.f32);
-      auto [kept, per_head, scored, base0] = lag_prompt_topk(kd, vd, H, n, d, S, L, k, p);
-      // per-head CSR: every per_head-th sub-segment offset
-      const auto sub_kept = to_host(kept.offsets);
-      std::vector<i32> head_offsets;
-      for (int h = 0; h <= H; ++h) head_offsets.push_back(sub_kept[static_cast<std::size_t>(h) * per_head]);
-      device_sets per_head_sets{to_device(head_offsets), std::move(kept.values), kept.total};
-      const auto sets = gather_kept(kd, H, n, d, per_head_sets);
-      put_dense(out, "kept", sets.offsets, sets.values);
-      out.put_i32("base", {1}, {base0 + scored * k});
-      out.put_i32("rounds", {1}, {scored});
     }};
 
 // ---- FreeKV: freekv_group_scores -----------------------------------------------------------------

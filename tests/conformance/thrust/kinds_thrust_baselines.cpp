@@ -1,18 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Thrust handlers of the baseline kinds beyond SnapKV / PyramidKV / Quest (kinds_thrust.cpp):
-// attention.decode (thrust::attention_over), score.h2o_prefill (thrust::
-// cumulative_attention_scores), method.h2o.prefill and method.streaming_llm.prefill (scorer ->
-// uniform budget -> device_topk with the method's protected tokens -> gather_kept, as
-// kinds_thrust.cpp composes method.snapkv.prefill). The only host library code is parameter
-// arithmetic: select::topk::window_for (H2O's recent half, window_share 0.5 as h2o_params sets
-// it). See kinds_thrust.cpp for the conventions.
+// Thrust handlers of two baseline component kinds: attention.decode (thrust::attention_over) and
+// score.h2o_prefill (thrust::cumulative_attention_scores). The baselines' method kinds run the
+// library's methods on the device (kinds_thrust_methods.cpp). See kinds_thrust.cpp for the
+// conventions.
 
 #include "helpers.hpp"
 
-#include <kvsift/select/topk.hpp>
 #include <kvsift/thrust/attention.hpp>
 #include <kvsift/thrust/cumulative_attention.hpp>
-#include <kvsift/thrust/recency.hpp>
 
 #include <cstdint>
 #include <string>
@@ -88,41 +83,6 @@ const kc::registrar score_h2o_prefill{
     handlers_backend, "score.h2o_prefill", [](const kc::case_data& c, kc::outputs& out) {
       const auto& k = c.in("keys");
       out.put_f32("scores", {dim(k, 0), dim(k, 1)}, to_host(h2o_scores(c)));
-    }};
-
-const kc::registrar method_h2o_prefill{
-    handlers_backend, "method.h2o.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& k = c.in("keys");
-      const int h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
-      const int B = param(c, "budget");
-      // H2O's recent half: window floor(B / 2) (h2o_params: window_share 0.5), no sink
-      const kvsift::select::topk sel{{.window_share = 0.5}};
-      sel.validate("method.h2o.prefill");
-      const std::vector<i32> budgets(static_cast<std::size_t>(h), B);
-      const std::vector<i32> window(static_cast<std::size_t>(h), sel.window_for(B));
-      const auto scores = h2o_scores(c);
-      const dvec<float> keys = to_device(k.f32);
-      const auto kept =
-          device_topk(scores, to_device(uniform_offsets(h, n)), h, budgets, 0, window);
-      const auto sets = gather_kept(keys, h, n, d, kept);
-      put_dense(out, "kept", sets.offsets, sets.values);
-    }};
-
-// ---- StreamingLLM: recency_scores ---------------------------------------------------------------
-
-const kc::registrar method_streaming_llm_prefill{
-    handlers_backend, "method.streaming_llm.prefill",
-    [](const kc::case_data& c, kc::outputs& out) {
-      const int n = param(c, "n"), B = param(c, "budget"), S = param(c, "sink");
-      // One head of n tokens: the kept set does not depend on the keys (zeros, d = 1). Scores are
-      // positions, so the top B - S past the protected sink are the newest tokens.
-      const dvec<i32> offsets = to_device(uniform_offsets(1, n));
-      dvec<float> scores(static_cast<std::size_t>(n));
-      kt::recency_scores(::thrust::device, raw(offsets), nullptr, 1, n, raw(scores));
-      const auto kept = device_topk(scores, offsets, 1, {B}, S, {0});
-      const dvec<float> keys(static_cast<std::size_t>(n), 0.0f);
-      const auto sets = gather_kept(keys, 1, n, 1, kept);
-      out.put_i32("kept", {static_cast<std::int64_t>(sets.values.size())}, sets.values);
     }};
 
 }  // namespace

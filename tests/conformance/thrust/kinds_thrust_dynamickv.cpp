@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Thrust handlers of DynamicKV's kinds: method.dynamickv.prefill (window_attention_scores of every
-// layer, then the rounds below) and budget.dynamickv (the same rounds over the case's scores).
+// Thrust handler of budget.dynamickv: DynamicKV's rounds below over the case's scores.
+// (method.dynamickv.prefill runs the library's method on the device: kinds_thrust_methods.cpp.)
 //
 // Budgets are host-side shapes in the device design: the budgeter budget::dynamic_layer runs on
 // the host, as the method runs it, fed with host copies of each round's scores and kept sets;
-// every selection runs on the device (device_topk). Per layer, as an engine prefills:
+// every selection runs on the device (device_topk). Per layer, as the method prefills:
 //   1. first pass: budgets() -> device_topk (the window protected) -> the round's kept sets;
 //   2. revise() with the round: the budgeter keeps the layer's scores and resident counts and,
 //      after every interval-th layer and the last, recounts every seen layer's past budget.
@@ -84,31 +84,6 @@ void dynamickv_rounds(kvsift::budget::dynamic_layer& b, const dvec<float>& score
   out.put_i32("history", {static_cast<std::int64_t>(history.size()), L}, std::move(hist));
   put_csr(out, "kept", sets);
 }
-
-const kc::registrar method_dynamickv_prefill{
-    handlers_backend, "method.dynamickv.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& q = c.in("queries");
-      const auto& k = c.in("keys");
-      const int L = dim(k, 0), H = dim(k, 1), n = dim(k, 2), d = dim(k, 3);
-      const int hq = dim(q, 1), nq = dim(q, 2);
-      auto b = budgeter_of(c, "method.dynamickv.prefill");
-      const int w = b.p.window;
-      if (nq != std::min(w, n)) throw kc::runner_error("queries: window mismatch");
-      // Every layer's window scores in one ragged batch: layer l is "request" l.
-      std::vector<float> qs;
-      for (int l = 0; l < L; ++l) {
-        const auto t =
-            swap_outer(q.f32.data() + static_cast<std::size_t>(l) * hq * nq * d, hq, nq, d);
-        qs.insert(qs.end(), t.begin(), t.end());
-      }
-      const auto scores = window_scores(k.f32, qs, L, H, hq / H, n, nq, d,
-                                        window_params(c, param(c, "kernel")));
-      if (c.expected.count("scores") != 0) {
-        const int M = std::max(n - w, 0);
-        out.put_f32("scores", {L, H, M}, slice_rows(to_host(scores), L * H, n, 0, M));
-      }
-      dynamickv_rounds(b, scores, to_device(k.f32), d, L, H, n, out);
-    }};
 
 const kc::registrar budget_dynamickv{
     handlers_backend, "budget.dynamickv", [](const kc::case_data& c, kc::outputs& out) {
