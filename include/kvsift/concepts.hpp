@@ -150,6 +150,14 @@ concept TieredStore = KvStore<S> && requires(S& s, const S& cs, int request, int
   { cs.host_capacity() } -> std::convertible_to<int>;
 };
 
+// DeviceTieredStore: a DeviceStore with a host pool beside its device tier
+// (thrust::tiered_store): method<> runs a two-tier schedule over one (device/deferred_recall.hpp).
+template <class S>
+concept DeviceTieredStore = DeviceStore<S> && requires(const S& cs, int request, int layer) {
+  { cs.host_length(request, layer) } -> std::convertible_to<int>;
+  { cs.host_capacity() } -> std::convertible_to<int>;
+};
+
 // Scorer: how important each token (or page) of a head-sequence is.
 // A type T models Scorer if:
 //  1. it opts in with `using kvsift_role = kvsift::scorer_tag;`, names its `granularity`

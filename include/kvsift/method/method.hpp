@@ -77,10 +77,11 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   static_assert(Exec_::host_visible || requires { typename state_type::plan_type; },
                 "kvsift::method on a device exec: this schedule has no device state yet "
                 "(device/evict.hpp and device/sparse_read.hpp run schedule::evict and "
-                "schedule::sparse_read over a thrust::dense_store)");
-  static_assert(schedule_tag::tiers == 1 || TieredStore<Store_>,
+                "schedule::sparse_read over a thrust::dense_store, device/deferred_recall.hpp "
+                "SyncKV's schedule::deferred_recall over a thrust::tiered_store)");
+  static_assert(schedule_tag::tiers == 1 || TieredStore<Store_> || DeviceTieredStore<Store_>,
                 "kvsift::method: a two-tier schedule (deferred_recall, speculative) needs a "
-                "two-tier store (store::tiered)");
+                "two-tier store (store::tiered, or thrust::tiered_store on a device exec)");
 
  public:
   using recipe = Recipe_;

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// SyncKV's schedule (deferred_recall, two tiers) has no state over device memory yet: method<>
-// over a thrust::dense_store on exec::sim says so, naming what does run there.
-// expect-error: this schedule has no device state yet
-#include <kvsift/device/evict.hpp>
-#include <kvsift/device/sparse_read.hpp>
+// SyncKV's schedule (deferred_recall) has two tiers: over a one-tier device store
+// (thrust::dense_store) method<> says it needs a two-tier one (thrust::tiered_store on a device
+// exec: device/deferred_recall.hpp, kvsift::synckv_on<T, E>).
+// expect-error: a two-tier schedule \(deferred_recall, speculative\) needs a two-tier store
+#include <kvsift/device/all.hpp>
 #include <kvsift/method/synckv.hpp>
 
 using store = kvsift::thrust::dense_store<float, kvsift::exec::sim_cpp>;
