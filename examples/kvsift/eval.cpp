@@ -1011,12 +1011,14 @@ struct run_options {
   bool verbose = false;  // per-layer table
 };
 
-// The default registry with SyncKV's and HeteroCache's entries given this model's head roles
-// (read and checked against the model here: the library's factories take them JSON-free).
+// `base` (the default registry, or its --exec counterpart) with SyncKV's and HeteroCache's
+// entries given this model's head roles (read and checked against the model here: the library's
+// factories take them JSON-free).
 template <class ModelConfig>
 std::shared_ptr<const method_registry<float>> registry_with_roles(const std::string& model_dir,
                                                                   const run_options& o,
-                                                                  const ModelConfig& cfg) {
+                                                                  const ModelConfig& cfg,
+                                                                  const method_registry<float>& base) {
   const calibrate::model_fingerprint fp{.layers = cfg.num_layers, .q_heads = cfg.num_q_heads,
                                         .kv_heads = cfg.num_kv_heads, .head_dim = cfg.head_dim,
                                         .config_hash = ""};
@@ -1037,7 +1039,8 @@ std::shared_ptr<const method_registry<float>> registry_with_roles(const std::str
     }
   }
   auto r = std::make_shared<method_registry<float>>();
-  for (auto e : builtin_method_entries<float>()) {
+  for (const auto& name : base.names()) {
+    auto e = base.at(name);
     if (e.name == "synckv" || e.name == "heterocache") {
       const bool is_sync = e.name == "synckv";
       auto fill = [sync, hetero, is_sync](method_config& c) {
@@ -1109,7 +1112,10 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
   const std::vector<int> contexts(context_set.begin(), context_set.end());
 
   configs.clear();
-  const auto registry = registry_on_exec(o.exec, registry_with_roles(jb.model_dir, o, model.config()));
+  const auto on_exec = registry_on_exec(
+      o.exec, std::shared_ptr<const method_registry<float>>(&default_method_registry<float>(),
+                                                            [](const method_registry<float>*) {}));
+  const auto registry = registry_with_roles(jb.model_dir, o, model.config(), *on_exec);
   std::vector<premise_stats> premise = premise_setup(jb.model_dir, o, model.config());
   for (const auto& m : o.methods) {
     for (double b : o.budgets) {
@@ -1246,8 +1252,8 @@ int eval(const std::vector<std::string>& args) {
         "  --kernel engine: the engine's\n"
         "  attend_decode over each plan instead of the library's attention (a dense host store).\n"
         "  --exec thrust-cpp|thrust-omp: the methods run over device memory on a simulated device\n"
-        "  (Thrust's CPP or OMP system; the one-tier methods: SyncKV, HeteroCache and FreeKV are\n"
-        "  host-only so far and show as not run); answers and resident shares equal --exec host's.\n"
+        "  (Thrust's CPP or OMP system; all but HeteroCache and FreeKV, which are host-only so far\n"
+        "  and show as not run); answers and resident shares equal --exec host's.\n"
         "  Fidelity (table and JSON): each prompt is also decoded through the engine's full_cache;\n"
         "  att.err is the relative L2 error of each layer's attention output against it (mean over\n"
         "  layers and over the decode steps whose tokens so far equal the full cache's), KL the\n"

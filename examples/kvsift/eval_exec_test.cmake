@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # ctest cli.eval_exec: `kvsift eval --exec EXEC` (a simulated device) against `--exec host` on the
 # first passkey and chain prompt of tiny-recall: each one-tier method gives the same outputs,
-# resident shares, per-layer budgets and parameters; SyncKV is reported as not run, naming the
-# host-only methods; the JSON names the exec.
+# resident shares, per-layer budgets and parameters, and so does SyncKV (with the model's shipped
+# roles); HeteroCache is reported as not run, naming the host-only methods; the JSON names the exec.
 # Run as: cmake -DKVSIFT=<kvsift binary> -DSRC=<source dir> -DWORK=<scratch dir> -DEXEC=thrust-omp
 #         -P eval_exec_test.cmake
 file(MAKE_DIRECTORY ${WORK})
-set(methods snapkv,h2o,streaming_llm,quest,lagkv,dynamickv,synckv)
+set(methods snapkv,h2o,streaming_llm,quest,lagkv,dynamickv,synckv,heterocache)
 
 foreach(exec host ${EXEC})
   execute_process(COMMAND ${KVSIFT} eval --model ${SRC}/data/tiny-recall --limit 1 --methods ${methods}
@@ -26,17 +26,17 @@ set(h "${json_host}")
 set(d "${json_${EXEC}}")
 string(JSON runs LENGTH "${h}" runs)
 string(JSON runs_d LENGTH "${d}" runs)
-if(NOT runs EQUAL 7 OR NOT runs_d EQUAL 7)
-  message(FATAL_ERROR "expected 7 runs on each exec, got ${runs} and ${runs_d}")
+if(NOT runs EQUAL 8 OR NOT runs_d EQUAL 8)
+  message(FATAL_ERROR "expected 8 runs on each exec, got ${runs} and ${runs_d}")
 endif()
 math(EXPR last "${runs} - 1")
 set(compared 0)
 foreach(i RANGE ${last})
   string(JSON method GET "${h}" runs ${i} method)
-  if(method STREQUAL "synckv")
+  if(method STREQUAL "heterocache")
     string(JSON e ERROR_VARIABLE no_error GET "${d}" runs ${i} error)
     if(no_error OR NOT e MATCHES "exec::host only")
-      message(FATAL_ERROR "synckv on ${EXEC}: expected an error naming the host-only methods, got '${e}'")
+      message(FATAL_ERROR "heterocache on ${EXEC}: expected an error naming the host-only methods, got '${e}'")
     endif()
     continue()
   endif()

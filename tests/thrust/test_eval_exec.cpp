@@ -1,16 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // End to end on the shipped models: the example engine (examples/engine/llama.hpp) decoding
 // through kvsift_cache gives the same answers, the same resident KV and the same attended tokens
-// whether each one-tier method runs on exec::host (the default registry) or over device memory on
-// this build's simulated device (device::method_registry_on, what `kvsift eval --exec thrust-cpp|
-// thrust-omp` runs), and the two-tier methods are refused there by name. A few protocol-v2
+// whether each one-tier method and SyncKV (with the model's shipped roles) runs on exec::host (the
+// default registry) or over device memory on this build's simulated device
+// (device::method_registry_on, what `kvsift eval --exec thrust-cpp|thrust-omp` runs), and
+// HeteroCache and FreeKV are refused there by name. A few protocol-v2
 // prompts per model (the shortest of each task), budget 0.25 matched as the resident share, as
-// `kvsift eval` does by default.
+// `kvsift eval` does by default (SyncKV: 0.625, above its representatives' share).
 
 #include "../../examples/engine/eval_harness.hpp"
 #include "../../examples/engine/kvsift_cache.hpp"
 #include "../../examples/engine/llama.hpp"
 
+#include <kvsift/calibrate/roles_file.hpp>
 #include <kvsift/device/erased.hpp>
 #include <kvsift/thrust/exec.hpp>
 
@@ -49,24 +51,57 @@ std::vector<ex::eval_item> shortest_prompts(const std::vector<fs::path>& files) 
   return out;
 }
 
+// `base` with SyncKV's entry given `roles` (as `kvsift eval` gives it the model's roles file).
+kvsift::method_registry<float> with_synckv_roles(const kvsift::method_registry<float>& base,
+                                                 const std::vector<kvsift::select::cluster_roles>& roles) {
+  kvsift::method_registry<float> out;
+  for (const auto& name : base.names()) {
+    auto e = base.at(name);
+    if (name == "synckv") {
+      e.make = [make = e.make, roles](kvsift::method_config c) {
+        c.synckv_roles = roles;
+        return make(c);
+      };
+      e.for_resident_fraction = [hook = e.for_resident_fraction, roles](kvsift::method_config c, double f) {
+        c.synckv_roles = roles;
+        return hook(std::move(c), f);
+      };
+    }
+    out.add(std::move(e));
+  }
+  return out;
+}
+
 template <class E>
 void same_answers(const fs::path& model_dir, const std::vector<fs::path>& prompt_files) {
   const auto model = ex::llama_model::load(model_dir.string());
   const auto items = shortest_prompts(prompt_files);
-  const auto& host = kvsift::default_method_registry<float>();
-  const auto device = kvsift::device::method_registry_on<float, E>(host);
-  for (const auto& name : kvsift::method_names()) {
+  const auto& cfg = model.config();
+  const kvsift::calibrate::model_fingerprint fp{.layers = cfg.num_layers, .q_heads = cfg.num_q_heads,
+                                                .kv_heads = cfg.num_kv_heads, .head_dim = cfg.head_dim,
+                                                .config_hash = ""};
+  const auto roles = kvsift::synckv_roles_of(
+      kvsift::calibrate::read_synckv_roles((model_dir / "roles-synckv.json").string(), fp));
+  const auto host = with_synckv_roles(kvsift::default_method_registry<float>(), roles);
+  const auto device = with_synckv_roles(
+      kvsift::device::method_registry_on<float, E>(kvsift::default_method_registry<float>()), roles);
+  auto names = kvsift::method_names();
+  names.emplace_back("synckv");
+  for (const auto& name : names) {
     const auto options = [&](const kvsift::method_registry<float>& r) {
       return ex::cache_options{.keep_fraction = std::nullopt, .roles_file = {},
                                .match_resident = true, .registry = &r};
     };
-    ex::kvsift_cache on_host(name, 0.25, options(host));
-    ex::kvsift_cache on_device(name, 0.25, options(device));
+    // SyncKV's representatives keep their whole KV: N_R / N is 0.5 on both models' roles
+    const double fraction = name == "synckv" ? 0.625 : 0.25;
+    ex::kvsift_cache on_host(name, fraction, options(host));
+    ex::kvsift_cache on_device(name, fraction, options(device));
     for (const auto& item : items) {
       INFO(model_dir.filename().string() << " " << name << " " << item.id << " on " << E::name);
       const auto h = ex::run_item(model, item, on_host);
       const auto d = ex::run_item(model, item, on_device);
       CHECK(d.output == h.output);
+      CHECK(d.output.size() == item.answer.size());
       CHECK(on_device.prompt_resident_bytes() == on_host.prompt_resident_bytes());
       CHECK(on_device.stats().resident_bytes == on_host.stats().resident_bytes);
       CHECK(on_device.stats().layer_budgets == on_host.stats().layer_budgets);
@@ -103,7 +138,7 @@ TEMPLATE_LIST_TEST_CASE("eval --exec: recall-8kv answers on the simulated device
                           source_dir / "data/eval/recall-8kv/chain.jsonl"});
 }
 
-TEMPLATE_LIST_TEST_CASE("eval --exec: a two-tier method on the simulated device is refused by name",
+TEMPLATE_LIST_TEST_CASE("eval --exec: HeteroCache and FreeKV on the simulated device are refused by name",
                         "[thrust][device][eval]", device_execs) {
   const auto device = kvsift::device::method_registry_on<float, TestType>(
       kvsift::default_method_registry<float>());
@@ -112,7 +147,7 @@ TEMPLATE_LIST_TEST_CASE("eval --exec: a two-tier method on the simulated device 
   c.capacity = 64;
   c.prompt_len = 32;
   c.budget = 8;
-  for (const char* name : {"synckv", "heterocache", "freekv"}) {
+  for (const char* name : {"heterocache", "freekv"}) {
     REQUIRE_THROWS_WITH(device.make(name, c),
                         Catch::Matchers::ContainsSubstring(std::string("'name' = ") + name) &&
                             Catch::Matchers::ContainsSubstring("exec::host only"));

@@ -3,14 +3,16 @@
 
 // A method over device memory behind the host's erased lifecycle, and a registry of them:
 //
-//   device::staged_method<M>       M = method<thrust::dense_store<T, E>, Recipe, E> on a
+//   device::staged_method<M>       M = method<thrust::dense_store<T, E>, Recipe, E> (or SyncKV,
+//                                  synckv_on<T, E> over a thrust::tiered_store) on a
 //                                  simulated device (exec::sim_cpp / sim_omp), as an
 //                                  any_kv_method<T>: it owns its arena, its exec, its store and
 //                                  M; host inputs are staged into E memory, the plan and the
 //                                  attention output read back
-//   device::method_registry_on<E>  a method_registry<T> whose one-tier entries build their
-//                                  method that way (the name -> composition map is
-//                                  detail::visit_one_tier, the host's)
+//   device::method_registry_on<E>  a method_registry<T> whose one-tier entries and SyncKV's build
+//                                  their method that way (the one-tier name -> composition map is
+//                                  detail::visit_one_tier, the host's; SyncKV's params are the
+//                                  host registry's, detail::synckv_params_of)
 //
 //   auto reg = kvsift::device::method_registry_on<float, kvsift::exec::sim_omp>(
 //       kvsift::default_method_registry<float>());
@@ -24,16 +26,18 @@
 // (docs/gpu.md, "Methods in sim memory"), which is what the capture-law tests check.
 //
 // The working-set accessors follow the store: length() and next_position() are host shadows;
-// position() is one counted D2H read; key() and value() throw (the rows are not host memory, so
+// position(seq, i) is one counted D2H read (a dense store's slot i; a tiered store's i-th
+// resident position, as store::tiered's slot i); key() and value() throw (the rows are not host memory, so
 // contiguous_rows() is false and a caller uses attend()). The host lifecycle's checks all hold:
 // views and counts are validated before anything is staged, and the activations' finiteness is
 // checked on the host as the host path does, so a NaN is a kvsift::error with nothing changed.
 //
-// Two-tier methods (SyncKV, HeteroCache, FreeKV) have no device state yet: their entries in the
-// registry throw kvsift::error naming the methods that do.
+// HeteroCache and FreeKV have no device state yet: their entries in the registry throw
+// kvsift::error naming the methods that do.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
+#include <kvsift/device/deferred_recall.hpp>
 #include <kvsift/device/evict.hpp>
 #include <kvsift/device/sparse_read.hpp>
 #include <kvsift/method/any_method.hpp>
@@ -61,17 +65,20 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   using E = typename M::exec_type;
   using Store = typename M::store_type;
   static_assert(thrust::SimExec<E>, "device::staged_method runs a method on a simulated device exec");
-  static_assert(std::is_same_v<Store, thrust::dense_store<T, E>>,
-                "device::staged_method: M must be a method over thrust::dense_store<T, E>");
+  static constexpr bool tiered = std::is_same_v<Store, thrust::tiered_store<T, E>>;
+  static_assert(tiered || std::is_same_v<Store, thrust::dense_store<T, E>>,
+                "device::staged_method: M must be a method over thrust::dense_store<T, E> or "
+                "thrust::tiered_store<T, E>");
 
   // The method `name` with params p over a store of `requests` request slots of `capacity`
-  // tokens per head-sequence (one side column: H2O's running scores).
+  // tokens per head-sequence (a dense store: one side column, H2O's running scores; a tiered
+  // store: `capacity` in its host pool and in its device tier).
   staged_method(std::string name, const model_shape& shape, int requests, int capacity,
                 typename M::params p)
       : name_(std::move(name)),
         arena_(std::make_unique<thrust::sim_arena>()),
         exec_(*arena_),
-        store_(std::make_unique<Store>(exec_, shape, requests, capacity, /*columns=*/1)),
+        store_(make_store(exec_, shape, requests, capacity)),
         m_(std::make_unique<M>(*store_, std::move(p))),
         query_(exec_, one_token_each(shape, requests, shape.q_heads)),
         key_(exec_, one_token_each(shape, requests, shape.kv_heads)),
@@ -177,8 +184,13 @@ class staged_method final : public any_kv_method<typename M::element_type> {
     require(slot >= 0 && slot < store_->length(seq), name_ + ".position", "slot", slot,
             "< the head-sequence's length (" + std::to_string(store_->length(seq)) + ")");
     std::int32_t p = 0;
-    thrust::copy_to_host(exec_, store_->positions() + seq * store_->capacity() + slot,
-                         std::span<std::int32_t>(&p, 1));
+    const std::int32_t* at = nullptr;
+    if constexpr (tiered) {
+      at = store_->plan_positions();
+    } else {
+      at = store_->positions();
+    }
+    thrust::copy_to_host(exec_, at + seq * store_->capacity() + slot, std::span<std::int32_t>(&p, 1));
     return p;
   }
   [[nodiscard]] const T* key(std::int64_t, int) const override { throw not_host_memory("key"); }
@@ -194,6 +206,14 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   [[nodiscard]] thrust::sim_arena& arena() const { return *arena_; }
 
  private:
+  static std::unique_ptr<Store> make_store(const E& e, const model_shape& shape, int requests,
+                                           int capacity) {
+    if constexpr (tiered) {
+      return std::make_unique<Store>(e, shape, requests, capacity, capacity);
+    } else {
+      return std::make_unique<Store>(e, shape, requests, capacity, /*columns=*/1);
+    }
+  }
   // Elements of one token of each request slot: `heads` rows of d each.
   static std::size_t one_token_each(const model_shape& sh, int requests, int heads) {
     return static_cast<std::size_t>(std::max(requests, 0)) * std::max(heads, 0) * std::max(sh.head_dim, 0);
@@ -266,8 +286,9 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 };
 
 // `base`'s entries (names, order, resident-fraction hooks) with the one-tier ones building their
-// built-in composition (detail::visit_one_tier) over device memory on exec E, each method with
-// its own simulated device (staged_method); the two-tier entries throw kvsift::error when made.
+// built-in composition (detail::visit_one_tier) and SyncKV's building synckv_on<T, E>, over
+// device memory on exec E, each method with its own simulated device (staged_method); the other
+// entries (HeteroCache, FreeKV, a user's own) throw kvsift::error when made.
 template <Element T, thrust::SimExec E>
 method_registry<T> method_registry_on(const method_registry<T>& base) {
   method_registry<T> out;
@@ -282,13 +303,19 @@ method_registry<T> method_registry_on(const method_registry<T>& base) {
                                                         std::move(p));
             });
       };
+    } else if (name == "synckv") {
+      e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
+        require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
+        return std::make_unique<staged_method<synckv_on<T, E>>>(
+            name, c.shape, c.requests, c.capacity, kvsift::detail::synckv_params_of<T>(c));
+      };
     } else {
       e.make = [name](const method_config&) -> std::unique_ptr<any_kv_method<T>> {
         std::string known;
         for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
         throw make_error("method_registry on exec " + std::string(E::name), "name", name,
                          "a method with a device state (" + known +
-                             "); the two-tier methods (SyncKV, HeteroCache, FreeKV) run on exec::host only so far");
+                             ", synckv); HeteroCache and FreeKV run on exec::host only so far");
       };
     }
     out.add(std::move(e));
