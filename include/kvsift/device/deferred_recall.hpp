@@ -346,15 +346,6 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   // followers keep their old rows: stale, as a forgotten install would leave them).
   void debug_skip_installs(bool skip) { skip_installs_ = skip; }
 
-  template <class M>
-  static std::size_t checked_slot(const M& m, std::string_view where, int request, int layer) {
-    const auto& st = m.store();
-    require(request >= 0 && request < st.requests(), where, "request", request,
-            "in [0, " + std::to_string(st.requests()) + ")");
-    require(layer >= 0 && layer < st.shape().layers, where, "layer", layer,
-            "in [0, " + std::to_string(st.shape().layers) + ")");
-    return m.slot(request, layer);
-  }
 
   // The host state's chunk checks (detail::two_tier::check_chunk) plus room in the device tier.
   template <class M>

@@ -127,7 +127,7 @@ struct heterocache_recipe {
     const M& self() const { return static_cast<const M&>(*this); }
     const auto& state() const { return self().schedule_state(); }
     std::size_t slot(std::string_view where, int r, int l) const {
-      return state().checked_slot(self(), where, r, l);
+      return self().checked_slot(where, r, l);
     }
     const auto& at(std::string_view where, int r, int l) const {
       return state().at(slot(where, r, l));

@@ -301,6 +301,13 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     sched_.stats(*this, s);
     return s;
   }
+  // The (request, layer) slot of the schedule's per-slot state, for an accessor named `where`
+  // (kvsift::error naming the request or the layer out of range).
+  [[nodiscard]] std::size_t checked_slot(std::string_view where, int request, int layer) const {
+    check_request(where, request);
+    check_layer(where, layer);
+    return slot(request, layer);
+  }
 
  private:
   static params checked(const Store_& store, params p) {
@@ -314,11 +321,6 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   void check_request(std::string_view where, int request) const {
     require(request >= 0 && request < store_->requests(), where, "request", request,
             [&] { return "in [0, " + std::to_string(store_->requests()) + ")"; });
-  }
-  [[nodiscard]] std::size_t checked_slot(std::string_view where, int request, int layer) const {
-    check_request(where, request);
-    check_layer(where, layer);
-    return slot(request, layer);
   }
   void clear_batch(std::span<const decode_token<element_type>> tokens, std::size_t upto) {
     for (std::size_t j = 0; j <= upto && j < tokens.size(); ++j) {

@@ -121,7 +121,7 @@ struct synckv_recipe {
    private:
     const M& self() const { return static_cast<const M&>(*this); }
     std::size_t slot(std::string_view where, int r, int l) const {
-      return self().schedule_state().checked_slot(self(), where, r, l);
+      return self().checked_slot(where, r, l);
     }
     const auto& at(std::string_view where, int r, int l) const {
       return self().schedule_state().at(slot(where, r, l));

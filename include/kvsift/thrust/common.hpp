@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -144,6 +145,23 @@ inline void check_workspace(std::string_view where, const void* ws, std::size_t 
   require(need == 0 || ws != nullptr, where, "workspace", "null",
           "a buffer of " + std::to_string(need) + " bytes");
   require(have >= need, where, "workspace_bytes", have, ">= " + std::to_string(need));
+}
+
+// A retain's host check (the stores' retain): one kept count per KV head of (request, layer),
+// each in [0, that head's length] (`lengths` from the head-sequence seq0 on); writes their CSR
+// offsets into offsets[0, H] and returns the total.
+inline std::int64_t retain_offsets(std::string_view where, std::span<const int> kept_counts,
+                                   const int* lengths, int H, std::int32_t* offsets) {
+  require(static_cast<int>(kept_counts.size()) == H, where, "kept_counts.size()",
+          kept_counts.size(), [&] { return "one count per KV head (" + std::to_string(H) + ")"; });
+  offsets[0] = 0;
+  for (int h = 0; h < H; ++h) {
+    require(kept_counts[h] >= 0 && kept_counts[h] <= lengths[h], where,
+            [&] { return "kept_counts[" + std::to_string(h) + "]"; }, kept_counts[h],
+            [&] { return "in [0, " + std::to_string(lengths[h]) + "] (the head's length)"; });
+    offsets[h + 1] = offsets[h] + kept_counts[h];
+  }
+  return offsets[H];
 }
 
 // Rank of v among the ascending a[0, n): how many entries are < v.

@@ -281,17 +281,9 @@ class dense_store {
     constexpr std::string_view where = "thrust::dense_store.retain";
     check_request_layer(where, request, layer);
     const int H = shape_.kv_heads;
-    require(static_cast<int>(kept_counts.size()) == H, where, "kept_counts.size()",
-            kept_counts.size(), [&] { return "one count per KV head (" + std::to_string(H) + ")"; });
     const std::int64_t seq0 = shape_.sequence(request, layer, 0);
-    host_offsets_[0] = 0;
-    for (int h = 0; h < H; ++h) {
-      require(kept_counts[h] >= 0 && kept_counts[h] <= length_[seq0 + h], where,
-              [&] { return "kept_counts[" + std::to_string(h) + "]"; }, kept_counts[h],
-              [&] { return "in [0, " + std::to_string(length_[seq0 + h]) + "] (the head's length)"; });
-      host_offsets_[h + 1] = host_offsets_[h] + kept_counts[h];
-    }
-    const std::int64_t num_kept = host_offsets_[H];
+    const std::int64_t num_kept =
+        detail::retain_offsets(where, kept_counts, length_.data() + seq0, H, host_offsets_.data());
     require(num_kept == 0 || kept != nullptr, where, "kept", "null", "the kept slots in E memory");
     copy_to_device(exec_, std::span<const std::int32_t>(host_offsets_), kept_offsets_);
     const auto policy = exec_.policy();

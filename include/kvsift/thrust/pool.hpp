@@ -69,16 +69,7 @@ namespace detail {
 
 // Index of `pos` among the first n entries of an ascending array (stride 1), or -1.
 KVSIFT_HOST_DEVICE inline int find_sorted(const std::int32_t* a, int n, std::int32_t pos) {
-  int lo = 0;
-  int hi = n;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (a[mid] < pos) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
+  const int lo = count_below(a, n, pos);
   return lo < n && a[lo] == pos ? lo : -1;
 }
 

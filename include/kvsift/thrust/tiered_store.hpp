@@ -755,17 +755,9 @@ class tiered_store {
     constexpr std::string_view where = "thrust::tiered_store.retain";
     check_request_layer(where, request, layer);
     const int H = shape_.kv_heads;
-    require(static_cast<int>(kept_counts.size()) == H, where, "kept_counts.size()",
-            kept_counts.size(), [&] { return "one count per KV head (" + std::to_string(H) + ")"; });
     const std::int64_t seq0 = shape_.sequence(request, layer, 0);
-    host_desc_[0] = 0;
-    for (int h = 0; h < H; ++h) {
-      require(kept_counts[h] >= 0 && kept_counts[h] <= length_[seq0 + h], where,
-              [&] { return "kept_counts[" + std::to_string(h) + "]"; }, kept_counts[h],
-              [&] { return "in [0, " + std::to_string(length_[seq0 + h]) + "] (the head's length)"; });
-      host_desc_[h + 1] = host_desc_[h] + kept_counts[h];
-    }
-    const std::int64_t num_kept = host_desc_[H];
+    const std::int64_t num_kept =
+        detail::retain_offsets(where, kept_counts, length_.data() + seq0, H, host_desc_.data());
     require(num_kept == 0 || kept != nullptr, where, "kept", "null", "the kept plan indices in E memory");
     upload_desc(static_cast<std::size_t>(H) + 1);
     const auto policy = exec_.policy();

@@ -94,16 +94,6 @@ class schedule::deferred_recall::state {
   [[nodiscard]] std::int64_t refreshes() const { return refreshes_; }
   [[nodiscard]] std::int64_t checks() const { return checks_; }
   [[nodiscard]] std::int64_t rows_recalled() const { return rows_recalled_; }
-  // The (request, layer) slot for an accessor named `where` (kvsift::error out of range).
-  template <class M>
-  static std::size_t checked_slot(const M& m, std::string_view where, int request, int layer) {
-    const auto& st = m.store();
-    require(request >= 0 && request < st.requests(), where, "request", request,
-            "in [0, " + std::to_string(st.requests()) + ")");
-    require(layer >= 0 && layer < st.shape().layers, where, "layer", layer,
-            "in [0, " + std::to_string(st.shape().layers) + ")");
-    return m.slot(request, layer);
-  }
 
   template <class M>
   void check_chunk(const M& m, std::string_view where, int layer, const prefill_chunk<T>& c,
