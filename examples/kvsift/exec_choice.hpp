@@ -2,8 +2,8 @@
 #pragma once
 
 // `kvsift eval --exec NAME`: where the methods run. `host` is the library's CPU path (the default
-// registry as given). The others run the one-tier methods over device memory on a simulated
-// device (kvsift::device::method_registry_on, include/kvsift/device/erased.hpp):
+// registry as given). The others run the one-tier methods and SyncKV over device memory on a
+// simulated device (kvsift::device::method_registry_on, include/kvsift/device/erased.hpp):
 //   thrust-cpp  Thrust's CPP system      built where CCCL 3.x was found
 //   thrust-omp  Thrust's OMP system      the same, in an OpenMP build
 // They are compiled in exec_choice.cpp under Thrust (examples/kvsift/thrust/), the only CLI
@@ -20,7 +20,7 @@ namespace kvsift::cli {
 // The --exec names this build has, "host" first.
 std::vector<std::string> exec_names();
 
-// `host` with the one-tier entries running on exec `name` (one of exec_names(); "host" returns
+// `host` with the one-tier entries and SyncKV's running on exec `name` (one of exec_names(); "host" returns
 // `host` as it is). Throws kvsift::error naming the option and the names this build has.
 std::shared_ptr<const method_registry<float>> registry_on_exec(
     const std::string& name, std::shared_ptr<const method_registry<float>> host);

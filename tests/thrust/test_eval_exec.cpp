@@ -107,6 +107,13 @@ void same_answers(const fs::path& model_dir, const std::vector<fs::path>& prompt
       CHECK(on_device.stats().layer_budgets == on_host.stats().layer_budgets);
       CHECK(on_device.attended_tokens() == on_host.attended_tokens());
       CHECK(on_device.parameter_note() == on_host.parameter_note());
+      // the last step's plan: the same positions; a tiered store's slots are its residents in
+      // position order on both (the device's physical tier slots stay inside the store)
+      REQUIRE(on_host.last_plan() != nullptr);
+      REQUIRE(on_device.last_plan() != nullptr);
+      CHECK(on_device.last_plan()->positions.values == on_host.last_plan()->positions.values);
+      CHECK(on_device.last_plan()->positions.offsets == on_host.last_plan()->positions.offsets);
+      if (name == "synckv") CHECK(on_device.last_plan()->slots.values == on_host.last_plan()->slots.values);
       for (int l = 0; l < model.config().num_layers; ++l) {
         for (int kv = 0; kv < model.config().num_kv_heads; ++kv) {
           CHECK(on_device.kept_tokens(l, kv) == on_host.kept_tokens(l, kv));

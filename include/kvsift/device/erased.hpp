@@ -9,7 +9,7 @@
 //                                  any_kv_method<T>: it owns its arena, its exec, its store and
 //                                  M; host inputs are staged into E memory, the plan and the
 //                                  attention output read back
-//   device::method_registry_on<E>  a method_registry<T> whose one-tier entries and SyncKV's build
+//   device::method_registry_on<T, E>  a method_registry<T> whose one-tier entries and SyncKV's build
 //                                  their method that way (the one-tier name -> composition map is
 //                                  detail::visit_one_tier, the host's; SyncKV's params are the
 //                                  host registry's, detail::synckv_params_of)
@@ -141,13 +141,23 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   }
 
   const attention_plan& decode(int layer, std::span<const decode_token<T>> tokens) override {
-    const auto& dp = m_->decode(layer, stage(name_ + ".decode", tokens));
+    const auto& dp = m_->decode(layer, stage(name_ + ".decode", tokens, /*check_finite=*/true));
     plan_.requests = dp.requests;
     plan_.slots.offsets.assign(dp.offsets.begin(), dp.offsets.end());
     plan_.positions.offsets = plan_.slots.offsets;
     plan_.slots.values.resize(static_cast<std::size_t>(dp.size()));
     plan_.positions.values.resize(static_cast<std::size_t>(dp.size()));
-    thrust::copy_to_host(exec_, dp.slots, std::span<std::int32_t>(plan_.slots.values));
+    if constexpr (tiered) {
+      // a tiered plan reads every resident token in position order: slot j of a segment is its
+      // j-th resident token, as store::tiered's slots are (the device's physical tier slots are
+      // its own business, and position(seq, j) reads the j-th)
+      for (int g = 0; g + 1 < static_cast<int>(plan_.slots.offsets.size()); ++g) {
+        auto seg = plan_.slots[g];
+        for (std::size_t j = 0; j < seg.size(); ++j) seg[j] = static_cast<std::int32_t>(j);
+      }
+    } else {
+      thrust::copy_to_host(exec_, dp.slots, std::span<std::int32_t>(plan_.slots.values));
+    }
     thrust::copy_to_host(exec_, dp.positions, std::span<std::int32_t>(plan_.positions.values));
     if (dp.page_offsets.empty()) {
       plan_.pages.clear();
@@ -161,7 +171,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 
   // out: [tokens.size(), q_heads, d] host floats, as the host lifecycle's attend().
   void attend(int layer, std::span<const decode_token<T>> tokens, float* out) const override {
-    m_->attend(layer, stage(name_ + ".attend", tokens), out_.data());
+    m_->attend(layer, stage(name_ + ".attend", tokens, /*check_finite=*/false), out_.data());
     const auto& sh = store_->shape();
     const auto n = tokens.size() * static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
     require(out != nullptr || n == 0, name_ + ".attend", "out", "null", "host memory for the output");
@@ -169,7 +179,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   }
 
   void after_attention(int layer, std::span<const decode_token<T>> tokens) override {
-    m_->after_attention(layer, stage(name_ + ".after_attention", tokens));
+    m_->after_attention(layer, stage(name_ + ".after_attention", tokens, /*check_finite=*/false));
   }
 
   void reset(int request) override { m_->reset(request); }
@@ -233,13 +243,17 @@ class staged_method final : public any_kv_method<typename M::element_type> {
       }
     }
   }
-  // The step's tokens with their arrays copied into E memory (null ones stay null).
+  // The step's tokens with their arrays copied into E memory (null ones stay null); with
+  // `check_finite` (decode, as the host lifecycle checks there) their activations are finite.
   std::span<const decode_token<T>> stage(const std::string& where,
-                                         std::span<const decode_token<T>> tokens) const {
+                                         std::span<const decode_token<T>> tokens,
+                                         bool check_finite) const {
     const auto& sh = store_->shape();
     require(tokens.size() <= static_cast<std::size_t>(store_->requests()), where, "tokens.size()",
             tokens.size(), "<= the store's request slots (" + std::to_string(store_->requests()) + ")");
-    for (std::size_t i = 0; i < tokens.size(); ++i) require_finite(where, i, tokens[i], sh, M::caps.needs_queries);
+    if (check_finite) {
+      for (std::size_t i = 0; i < tokens.size(); ++i) require_finite(where, i, tokens[i], sh, M::caps.needs_queries);
+    }
     const std::size_t qn = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
     const std::size_t kn = static_cast<std::size_t>(sh.kv_heads) * sh.head_dim;
     step_q_.assign(tokens.size() * qn, 0.0f);
@@ -285,7 +299,10 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   attention_plan plan_;
 };
 
-// `base`'s entries (names, order, resident-fraction hooks) with the one-tier ones building their
+// `base`'s entries (names, order, resident-fraction hooks) with the built-in names' `make`
+// REPLACED: a wrapper `base` put around a built-in entry's make (a config transform, another
+// composition under that name) is not kept, so apply such wrappers to the result (as `kvsift
+// eval` gives SyncKV its roles after choosing the exec). The one-tier ones build their
 // built-in composition (detail::visit_one_tier) and SyncKV's building synckv_on<T, E>, over
 // device memory on exec E, each method with its own simulated device (staged_method); the other
 // entries (HeteroCache, FreeKV, a user's own) throw kvsift::error when made.
