@@ -147,6 +147,14 @@ inline void check_workspace(std::string_view where, const void* ws, std::size_t 
   require(have >= need, where, "workspace_bytes", have, ">= " + std::to_string(need));
 }
 
+// lengths[seq0 + h] += tokens, for h < heads (one thread per head): a store's append.
+struct grow_lengths_fn {
+  std::int32_t* lengths;
+  std::int64_t seq0;
+  int tokens;
+  KVSIFT_HOST_DEVICE void operator()(int h) const { lengths[seq0 + h] += tokens; }
+};
+
 // A retain's host check (the stores' retain): one kept count per KV head of (request, layer),
 // each in [0, that head's length] (`lengths` from the head-sequence seq0 on); writes their CSR
 // offsets into offsets[0, H] and returns the total.

@@ -106,14 +106,6 @@ struct append_rows_fn {
   }
 };
 
-// lengths[seq0 + h] += tokens, for h < heads (one thread per head).
-struct grow_lengths_fn {
-  std::int32_t* lengths;
-  std::int64_t seq0;
-  int tokens;
-  KVSIFT_HOST_DEVICE void operator()(int h) const { lengths[seq0 + h] += tokens; }
-};
-
 // The kept slots of a retain, checked against the heads' lengths before it: a slot outside
 // [0, length) or not above its predecessor sets *error and is replaced by its own index i (a
 // slot the head has, since counts <= lengths), so a bad set never addresses another sequence.

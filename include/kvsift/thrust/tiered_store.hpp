@@ -192,14 +192,6 @@ struct tiered_append_fn {
   }
 };
 
-// lengths[seq0 + h] += tokens, for h < heads.
-struct tiered_grow_fn {
-  std::int32_t* lengths;
-  std::int64_t seq0;
-  int tokens;
-  KVSIFT_HOST_DEVICE void operator()(int h) const { lengths[seq0 + h] += tokens; }
-};
-
 // A retain's kept plan indices checked against the heads' lengths: bad[h] = 1 (and *error) when
 // an index is outside [0, length) or not above its predecessor.
 struct tiered_check_kept_fn {
@@ -739,7 +731,7 @@ class tiered_store {
             plan_positions_.data(), free_slots_.data(), lengths_.data(), seq0, host_capacity_,
             tier_capacity_, have, first_position, error_.data() + 2});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), shape_.kv_heads,
-                         detail::tiered_grow_fn{lengths_.data(), seq0, k.tokens});
+                         detail::grow_lengths_fn{lengths_.data(), seq0, k.tokens});
     ::thrust::fill_n(policy, pool_lengths_.data() + rl(request, layer), 1, have + k.tokens);
     for (int h = 0; h < shape_.kv_heads; ++h) length_[seq0 + h] += k.tokens;
     host_length_[rl(request, layer)] = have + k.tokens;
