@@ -26,8 +26,10 @@
 //                               thrust::dense_store<float, E>, E = exec::sim_cpp / sim_omp (the
 //                               runner's Thrust system): registered for `--backend thrust`
 //                               (thrust/kinds_thrust_methods.cpp, thrust/kinds_thrust.cpp)
-// A backend has `store`, `exec`, `wrapper<M>` (an any_kv_method<float> with get() -> M&) and
-// make<M>(name, shape, requests, capacity, params) -> std::unique_ptr<wrapper<M>>.
+// A backend has `store`, `exec`, `wrapper<M>` (an any_kv_method<float> with get() -> M&),
+// `tiered_method<Recipe>` (a two-tier method over the backend's two-tier store: the kinds of
+// two_tier_kinds.hpp) and make<M>(name, shape, requests, capacity, params) ->
+// std::unique_ptr<wrapper<M>>, M over either store.
 //
 // method.quest.select's gqa "per_query_head" form scores and selects pages per query head, an
 // option of the components that no composition runs: the caller passes that part in (the CPU's
@@ -41,6 +43,7 @@
 #include <kvsift/method/erased.hpp>
 #include <kvsift/method/lagkv.hpp>
 #include <kvsift/store/dense.hpp>
+#include <kvsift/store/tiered.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -62,10 +65,13 @@ struct host_backend {
   template <class M>
   static std::unique_ptr<wrapper<M>> make(std::string name, const kvsift::model_shape& shape,
                                           int requests, int capacity, typename M::params p) {
-    return std::make_unique<wrapper<M>>(std::move(name),
-                                        std::make_unique<store>(shape, requests, capacity),
-                                        std::move(p));
+    return std::make_unique<wrapper<M>>(
+        std::move(name), std::make_unique<typename M::store_type>(shape, requests, capacity),
+        std::move(p));
   }
+  // A two-tier method (two_tier_kinds.hpp): a store::tiered<float> of `capacity` tokens.
+  template <class Recipe>
+  using tiered_method = kvsift::method<kvsift::store::tiered<float>, Recipe>;
 };
 
 namespace detail {

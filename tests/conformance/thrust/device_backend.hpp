@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The device backend of the one-tier methods' kinds (../method_kinds.hpp): the method over a
-// thrust::dense_store<float, E> behind device::staged_method (host inputs staged into E memory,
+// The device backend of the methods' kinds (../method_kinds.hpp, ../two_tier_kinds.hpp): the
+// method over a thrust::dense_store<float, E> (a thrust::tiered_store<float, E>: the two-tier
+// methods) behind device::staged_method (host inputs staged into E memory,
 // plans and attention outputs read back), E the simulated device of the runner's Thrust system:
 //
 //   THRUST_DEVICE_SYSTEM CPP  ->  exec::sim_cpp   (kvsift-conformance-thrust-cpp)
@@ -23,10 +24,12 @@
 #if KVSIFT_CONFORMANCE_DEVICE_METHODS
 
 #include "../method_kinds.hpp"
+#include "../two_tier_kinds.hpp"
 
 #include <kvsift/device/erased.hpp>
 #include <kvsift/thrust/dense_store.hpp>
 #include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/tiered_store.hpp>
 
 #include <memory>
 #include <string>
@@ -41,6 +44,8 @@ struct device_backend {
   using exec = E;
   template <class M>
   using wrapper = kvsift::device::staged_method<M>;
+  template <class Recipe>
+  using tiered_method = kvsift::method<kvsift::thrust::tiered_store<float, E>, Recipe, E>;
   template <class M>
   static std::unique_ptr<wrapper<M>> make(std::string name, const kvsift::model_shape& shape,
                                           int requests, int capacity, typename M::params p) {

@@ -14,9 +14,10 @@
 //   kinds_thrust_methods.cpp   method.snapkv.prefill, method.pyramidkv.prefill, method.h2o.prefill,
 //                              method.streaming_llm.prefill, method.streaming_llm.decode,
 //                              method.h2o.decode, method.quest.decode, method.lagkv.prefill,
-//                              method.lagkv.decode, method.dynamickv.prefill
-//   kinds_thrust_tiered.cpp    method.synckv.decode, method.freekv.decode,
-//                              method.heterocache.prefill, method.heterocache.decode
+//                              method.lagkv.decode, method.dynamickv.prefill,
+//                              method.synckv.decode
+//   kinds_thrust_tiered.cpp    method.freekv.decode, method.heterocache.prefill,
+//                              method.heterocache.decode
 //   kinds_thrust_host.cpp      budget.fraction, budget.pyramidkv, budget.synckv,
 //                              budget.heterocache: host arithmetic on every backend (budgets are
 //                              shapes, computed on the host), the CPU handlers' own bodies
@@ -24,13 +25,14 @@
 // helpers.hpp holds what the files share (copies, layouts, device_topk, gather_kept).
 //
 // Two kinds of handler:
-//   one-tier methods   (method.snapkv / pyramidkv / h2o / streaming_llm / quest / lagkv /
-//                      dynamickv kinds) the CPU backend's handler bodies (../method_kinds.hpp)
-//                      instantiated on the device backend (device_backend.hpp): the library's
-//                      method<thrust::dense_store<float, E>, Recipe, E> on exec::sim_cpp / sim_omp
-//                      behind device::staged_method. method.quest.select's per_query_head form
+//   methods            (method.snapkv / pyramidkv / h2o / streaming_llm / quest / lagkv /
+//                      dynamickv / synckv kinds) the CPU backend's handler bodies
+//                      (../method_kinds.hpp, ../two_tier_kinds.hpp) instantiated on the device
+//                      backend (device_backend.hpp): the library's method<thrust::dense_store<float,
+//                      E> (thrust::tiered_store), Recipe, E> on exec::sim_cpp / sim_omp behind
+//                      device::staged_method. method.quest.select's per_query_head form
 //                      (an option of the components, not a composition) is composed here.
-//   components and the two-tier methods (everything else) composed by hand: each handler copies
+//   components and HeteroCache / FreeKV (everything else) composed by hand: each handler copies
 //                      the case's inputs into thrust::device_vector, calls kvsift::thrust
 //                      functions with the `thrust::device` policy on raw device pointers, copies
 //                      the results back and puts them as outputs. No such handler calls a CPU

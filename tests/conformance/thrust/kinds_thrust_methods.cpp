@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one-tier methods' kinds on `--backend thrust`: method.snapkv.prefill,
+// The methods' kinds on `--backend thrust`: the one-tier method.snapkv.prefill,
 // method.pyramidkv.prefill, method.h2o.prefill, method.streaming_llm.prefill,
 // method.streaming_llm.decode, method.h2o.decode, method.quest.decode, method.lagkv.prefill,
 // method.lagkv.decode, method.dynamickv.prefill (method.quest.select: kinds_thrust.cpp, whose
-// per-query-head form is the Thrust components'). Each is the CPU backend's very handler body
-// (../method_kinds.hpp) instantiated on the device backend (device_backend.hpp): the library's
-// method<thrust::dense_store<float, E>, Recipe, E> on the runner's simulated device (exec::sim_cpp
-// or sim_omp), driven through device::staged_method. Not in kvsift-conformance-cuda (no CUDA
-// exec for the methods yet: device_backend.hpp).
+// per-query-head form is the Thrust components'), and the two-tier method.synckv.decode. Each is
+// the CPU backend's very handler body (../method_kinds.hpp, ../two_tier_kinds.hpp) instantiated
+// on the device backend (device_backend.hpp): the library's method<thrust::dense_store<float, E>
+// (thrust::tiered_store<float, E>), Recipe, E> on the runner's simulated device (exec::sim_cpp or
+// sim_omp), driven through device::staged_method. Not in kvsift-conformance-cuda (no CUDA exec
+// for the methods yet: device_backend.hpp).
 
 #include "device_backend.hpp"
 #include "helpers.hpp"
@@ -39,6 +40,10 @@ const kc::registrar method_lagkv_decode{handlers_backend, "method.lagkv.decode",
                                         mk::lagkv_decode<device>};
 const kc::registrar method_dynamickv_prefill{handlers_backend, "method.dynamickv.prefill",
                                              mk::dynamickv_prefill<device>};
+
+// The two-tier methods' kinds (../two_tier_kinds.hpp) over a thrust::tiered_store<float, E>.
+const kc::registrar method_synckv_decode{handlers_backend, "method.synckv.decode",
+                                         kvsift::conformance::two_tier_kinds::synckv_decode<device>};
 
 }  // namespace
 

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Thrust handlers of the two-tier methods' kinds: method.synckv.decode, method.freekv.decode,
-// method.heterocache.prefill, method.heterocache.decode. Conventions as kinds_thrust.cpp (no CPU
-// scorer, selector or method runs; host code is parameter arithmetic and budgets only).
+// Thrust handlers of the two-tier methods' kinds that have no device state in the library yet:
+// method.freekv.decode, method.heterocache.prefill, method.heterocache.decode (method.synckv.decode
+// is the library's SyncKV over device memory: ../two_tier_kinds.hpp, kinds_thrust_methods.cpp).
+// Conventions as kinds_thrust.cpp (no CPU scorer, selector or method runs; host code is parameter
+// arithmetic and budgets only).
 //
 // Each handler is the method's lifecycle over the device, written so the step loop can be lifted
 // into the library's device path: the prompt's round, then per decode step install (the recall
@@ -207,35 +209,11 @@ dvec<float> last_query_scores(device_tiers& t, const dvec<float>& q, int group, 
   return out;
 }
 
-// Follower segments of a CSR by head: out segment i = in segment leader[i]; counts by head.
+// A CSR of device sets; counts by head.
 struct dsets {
   dvec<i32> offsets, values;
   std::vector<i32> counts;
 };
-dsets gather_by_leader(const dvec<i32>& in_off, const dvec<i32>& in, const std::vector<i32>& counts,
-                       const std::vector<i32>& leader) {
-  dsets r;
-  const auto o = kt::leader_offsets(counts, leader);
-  for (const auto l : leader) r.counts.push_back(counts[l]);
-  r.offsets = to_device(o);
-  r.values.resize(static_cast<std::size_t>(o.back()));
-  const dvec<i32> ld = to_device(leader);
-  kt::leader_gather(::thrust::device, raw(in_off), raw(in), raw(ld), static_cast<int>(leader.size()),
-                    raw(r.offsets), o.back(), raw(r.values));
-  return r;
-}
-dsets merged(const dsets& a, const dsets& b) {
-  dsets r;
-  for (std::size_t i = 0; i < a.counts.size(); ++i) r.counts.push_back(a.counts[i] + b.counts[i]);
-  const auto o = csr_of(r.counts);
-  r.offsets = to_device(o);
-  r.values.resize(static_cast<std::size_t>(o.back()));
-  kt::merge_sets(::thrust::device, raw(a.offsets), raw(a.values),
-                 static_cast<std::int64_t>(a.values.size()), raw(b.offsets), raw(b.values),
-                 static_cast<std::int64_t>(b.values.size()), static_cast<int>(a.counts.size()),
-                 raw(r.offsets), raw(r.values));
-  return r;
-}
 // pending_recalls' working set of each target: part ∪ its resident positions >= boundary
 // (`decode` of them, a shape), installed.
 void install_with_decode_tokens(device_tiers& t, const std::vector<i32>& targets, const dsets& part,
@@ -252,112 +230,6 @@ void install_with_decode_tokens(device_tiers& t, const std::vector<i32>& targets
                             raw(off), o.back(), raw(ws));
   t.install(targets, off, ws, counts);
 }
-
-// ---- SyncKV ---------------------------------------------------------------------------------------
-
-const kc::registrar method_synckv_decode{
-    handlers_backend, "method.synckv.decode", [](const kc::case_data& c, kc::outputs& out) {
-      kvsift::require(c.param_s("gqa") == "max", "method.synckv.decode", "gqa", c.param_s("gqa"),
-                      "\"max\" (SyncKV's runtime scores)");
-      const auto& k = c.in("keys");
-      const auto& v = c.in("values");
-      const auto& q = c.in("query");
-      const auto& sq = c.in("step_queries");
-      const auto& sk = c.in("step_keys");
-      const auto& sv = c.in("step_values");
-      const int h = dim(k, 0), n = dim(k, 1), d = dim(k, 2), hq = dim(q, 0);
-      const int T = dim(sq, 0), G = hq / h;
-      const int m = param(c, "stride");
-      const auto& assign = c.in("assign").i32;
-      const auto& reps = c.in("representative").i32;
-      if (param(c, "clusters") != static_cast<int>(reps.size())) {
-        throw kc::runner_error("clusters differs from the representatives' count");
-      }
-      // host: roles and the follower budget (budget::synckv over the whole model: one layer)
-      const auto split = kvsift::budget::synckv_budget(h, static_cast<int>(reps.size()), n,
-                                                       c.param_d("memory_fraction"), c.param_d("rho"));
-      std::vector<i32> followers, leader_of_follower;
-      std::vector<char> is_rep(static_cast<std::size_t>(h), 0), rep_led(static_cast<std::size_t>(h), 0);
-      for (const auto r : reps) is_rep[r] = 1;
-      for (int x = 0; x < h; ++x) {
-        if (is_rep[x]) continue;
-        followers.push_back(x);
-        leader_of_follower.push_back(reps[assign[x]]);
-        rep_led[reps[assign[x]]] = 1;  // a representative with followers
-      }
-      const bool refreshes = !followers.empty();
-      // static / dynamic counts by head: representatives k_static / k_dynamic, followers none
-      std::vector<i32> n_static(static_cast<std::size_t>(h), 0), n_dynamic(n_static.size(), 0),
-          n_refresh(n_static.size(), 0), limits(n_static.size(), 0);
-      for (int x = 0; x < h; ++x) {
-        if (!is_rep[x]) continue;
-        n_static[x] = split.k_static;
-        n_dynamic[x] = split.k_dynamic;
-        if (rep_led[x]) {
-          n_refresh[x] = split.k_dynamic;
-          limits[x] = n;  // prefill slots of a full head: candidates of the anticipation
-        }
-      }
-      const auto st_o = csr_of(n_static), dy_o = csr_of(n_dynamic), rf_o = csr_of(n_refresh);
-      const dvec<i32> st_off = to_device(st_o), dy_off = to_device(dy_o), rf_off = to_device(rf_o);
-      const dvec<i32> lim = to_device(limits);
-      dvec<i32> stat(static_cast<std::size_t>(st_o.back())), dyn(static_cast<std::size_t>(dy_o.back()));
-      dvec<i32> next_dyn(static_cast<std::size_t>(rf_o.back()));
-
-      device_tiers t(h, n + T, d);
-      // prefill: the prompt in both tiers; its last query's scores place the followers
-      t.prompt(k.f32.data(), v.f32.data(), n);
-      if (refreshes) {
-        const dvec<float> q0 = to_device(q.f32);  // [Hq, 1, d]: the prompt's last query
-        const auto scores = last_query_scores(t, q0, G, n - 1, 1);
-        dvec<unsigned char> ws(kt::static_dynamic_split_workspace_bytes(t.total(), h));
-        kt::static_dynamic_split(::thrust::device, raw(scores), raw(t.off), h, t.total(),
-                                 raw(st_off), st_o.back(), raw(stat), raw(dy_off), dy_o.back(),
-                                 raw(dyn), raw(ws), ws.size());
-        // followers hold their representative's static ∪ dynamic (shared_by_cluster)
-        const auto part = merged(gather_by_leader(st_off, stat, n_static, leader_of_follower),
-                                 gather_by_leader(dy_off, dyn, n_dynamic, leader_of_follower));
-        t.install(followers, part.offsets, part.values, part.counts);
-      }
-
-      kvsift::index_sets plan;
-      std::vector<float> o(static_cast<std::size_t>(T) * hq * d);
-      std::vector<i32> anticipation;
-      bool pending = false;  // an anticipation's recall, installed by the next step
-      for (int step = 1; step <= T; ++step) {
-        const std::size_t t0 = static_cast<std::size_t>(step - 1);
-        // 1. install the recall decided after the previous step (the followers' new dynamic sets)
-        if (pending) {
-          const auto part = merged(gather_by_leader(st_off, stat, n_static, leader_of_follower),
-                                   gather_by_leader(rf_off, next_dyn, n_refresh, leader_of_follower));
-          install_with_decode_tokens(t, followers, part, n, step - 1);
-          pending = false;
-        }
-        // 2. append the step's token, 3. the plan reads every resident row
-        t.append(sk.f32.data() + t0 * h * d, sv.f32.data() + t0 * h * d, n + step - 1);
-        const auto pl = t.positions();
-        for (int x = 0; x < h; ++x) plan.push_back(pl[x]);
-        // 4. attention
-        const dvec<float> qt(sq.f32.begin() + static_cast<std::ptrdiff_t>(t0 * hq * d),
-                             sq.f32.begin() + static_cast<std::ptrdiff_t>((t0 + 1) * hq * d));
-        t.attend(qt, G, n + step - 1, o.data() + t0 * hq * d);
-        // 5. the anticipation (trigger::stride): the representatives' scores of q_t re-rank the
-        // prefill tokens outside their static sets; the followers install it at the next step
-        const bool anticipated = refreshes && step % m == 0;
-        if (anticipated) {
-          const auto scores = last_query_scores(t, qt, G, n + step - 1, 1);
-          dvec<unsigned char> ws(kt::static_dynamic_refresh_workspace_bytes(t.total(), h));
-          kt::static_dynamic_refresh(::thrust::device, raw(scores), raw(t.off), h, t.total(),
-                                     raw(lim), raw(st_off), raw(stat), st_o.back(), raw(rf_off),
-                                     rf_o.back(), raw(next_dyn), raw(ws), ws.size());
-          pending = true;
-        }
-        anticipation.push_back(anticipated ? 1 : 0);
-      }
-      put_csr(out, "plan", plan);
-      out.put_f32("out", {T, hq, d}, std::move(o));
-      out.put_i32("anticipation", {T}, std::move(anticipation));
-    }};
 
 // ---- FreeKV ---------------------------------------------------------------------------------------
 
