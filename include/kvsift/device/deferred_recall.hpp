@@ -3,7 +3,8 @@
 
 // schedule::deferred_recall over a device store: the state
 // method<thrust::tiered_store<T, E>, synckv_recipe, E> runs (the host state is
-// method/schedule/deferred_recall.hpp; this file is its Thrust mirror for SyncKV's roles::clusters).
+// method/schedule/deferred_recall.hpp; this file is its Thrust mirror for SyncKV's roles::clusters,
+// a partial specialization constrained to them; device/deferred_recall_stars.hpp is HeteroCache's).
 //
 //   kvsift::thrust::sim_arena arena;
 //   kvsift::exec::sim_cpp e{arena};
@@ -208,14 +209,11 @@ struct follower_targets_fn {
 namespace kvsift {
 
 template <Element T, thrust::SimExec E, class Recipe>
+  requires std::is_same_v<typename Recipe::roles, roles::clusters>
 class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   using Store = thrust::tiered_store<T, E>;
   using space = typename E::memory_space;
   using chunk_type = prefill_chunk<T, space>;
-  static_assert(std::is_same_v<typename Recipe::roles, roles::clusters>,
-                "kvsift::method on a device exec: schedule::deferred_recall runs SyncKV's "
-                "roles::clusters over a thrust::tiered_store; HeteroCache's roles::stars has no "
-                "device state yet");
   static_assert(std::is_same_v<typename Recipe::scorer, score::last_query_attention> &&
                     std::is_same_v<typename Recipe::selector, select::static_dynamic> &&
                     std::is_same_v<typename Recipe::trigger, trigger::stride>,

@@ -1,0 +1,860 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// schedule::deferred_recall over a device store for HeteroCache's roles::stars: the state
+// method<thrust::tiered_store<T, E>, heterocache_recipe, E> runs (the host state is
+// method/schedule/deferred_recall.hpp with roles/stars.hpp; device/deferred_recall.hpp is the
+// same schedule's Thrust mirror for SyncKV's roles::clusters).
+//
+//   kvsift::thrust::sim_arena arena;
+//   kvsift::exec::sim_cpp e{arena};
+//   kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp> st(e, shape, requests, 4096, 4096);
+//   kvsift::heterocache_on<float, kvsift::exec::sim_cpp> m(st, params);  // heterocache_recipe's
+//   m.prefill(layer, chunk);                 // chunk views in E's memory
+//   const auto& plan = m.decode(layer, tokens);   // thrust::device_plan (slots are tier slots)
+//   m.attend(layer, tokens, out);            // queries and out in E's memory
+//   m.after_attention(layer, tokens);
+//
+// Semantics are the host state's (METHODS.md "HeteroCache"): the same plans (as positions), the
+// same drift checks and drift events, the same references, the same resident tokens. Shapes on
+// the host, contents on the device:
+//   prefill   every chunk is appended to both tiers. At the prompt's end every KV head is scored
+//             with the prompt's last query (thrust::query_attention_scores: score::
+//             last_query_attention's bits; kernel 5 avg, GQA max); the budgets (base, cap_h) are
+//             host arithmetic (roles::stars::budget). One ranking (a stable sort of [H, cap]
+//             keys) gives every head its kept plan indices: volatile and pivot heads all n,
+//             anchors and satellites their top min(n, cap_h) (select::topk's order: ties to the
+//             lower index), retained by tiered_store::retain; each pivot's reference is its own
+//             top `base` (positions, E memory).
+//   decode t  installs the pending recall of each request of the step (below), keeps q_t's query
+//             groups of the monitored pivots (pivots with satellites) in a ring of the newest W,
+//             appends the token (tiered_store::append) and packs the plan (every resident token,
+//             ascending by position).
+//   after t   trigger::drift_median (host arithmetic on the step count) fires at steps W, 2W, ...
+//             on layers with a monitored pivot: their n prompt rows are gathered in plan order
+//             and scored with the W window queries (the drift probe's scores: softmax over the
+//             prompt only), each (pivot, query) row ranked by one stable sort of FIXED size
+//             (monitored pivots x W x tier_capacity keys: the same scratch every check, from the
+//             arena's cache once warmed at construction), and the probe (thrust::drift_medians)
+//             decides per pivot on the device. Both outcomes have the same shapes (a satellite
+//             holds min(n, cap_s) prompt tokens either way), so nothing is read back: each
+//             satellite's next prompt part is RECORDED in E memory as its pivot's top min(n,
+//             cap_s) by q_t's scores where the pivot drifted, else its current part (then the
+//             install copies nothing); the pivot's next reference likewise (q_t's top set or the
+//             old one). Drift events and recalled rows are counted on the device.
+//   recall    the host's transfer::async decides after step t and installs at step t+1; here the
+//             copy queue is lazy: what was recorded after step t is installed at the start of the
+//             request's next decode on the layer (tiered_store::install copies the missing rows
+//             from the pool; each satellite keeps its decode tokens), and the references are
+//             committed then, as the host commits its decision after the install. An install
+//             that does not happen leaves the old rows: stale, deterministically
+//             (debug_skip_installs() shows it in tests).
+// Capture laws: every buffer is allocated at construction from the store's capacities and the
+// roles; a decode step (decode + attend + after_attention), drift check or not, uploads
+// descriptors (counted host-to-device writes) and reads nothing back.
+//
+// Device data, read back only by the accessors that say so (one counted device-to-host read
+// each: call them outside steps): refreshes() (drift events; also method_stats::refreshes),
+// rows_recalled(), recall_pending() (a recall is RECORDED after every check, drift or not; it is
+// pending, as on the host, when one of its pivots drifted), drift_median(), drifted(),
+// reference(); stats() reads the store's copied rows and the drift events. checks() is host
+// arithmetic. The heterocache interface's prompt_end, base, cap, recall_pending,
+// recall_in_flight (false: a lazy copy is never in flight) and drift_stats work on heterocache_on;
+// the per-head reference / drift_median / drifted are the state's (schedule_state()), by slot.
+// Not mirrored: stalls (0); store stats' installs count every recorded recall's install.
+// Cost: a prefill end O(H n G d) scoring and a sort of H x tier_capacity keys; a drift check
+// O(P W n G d) scoring and a sort of P W x tier_capacity keys (P monitored pivots); an install
+// O(satellites x tier_capacity).
+
+#include <kvsift/budget/inverse_stability.hpp>
+#include <kvsift/concepts.hpp>
+#include <kvsift/core/error.hpp>
+#include <kvsift/device/deferred_recall.hpp>
+#include <kvsift/method/heterocache.hpp>
+#include <kvsift/method/lifecycle.hpp>
+#include <kvsift/method/schedule/deferred_recall.hpp>
+#include <kvsift/roles/stars.hpp>
+#include <kvsift/thrust/attention.hpp>
+#include <kvsift/thrust/drift_median.hpp>
+#include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/last_query_attention.hpp>
+#include <kvsift/thrust/tiered_store.hpp>
+
+#include <thrust/copy.h>
+#include <thrust/fill.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/sort.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace kvsift::thrust::detail {
+
+// One ranking key per (row t, index j) of a fixed [rows, cap] layout: (t << 33) | (j >= n) << 32
+// | descending score bits, so a stable sort orders each row's n scored indices best first (ties
+// to the lower index: select::topk's and cpu::topk_of's order) before its padding. items = j.
+struct stars_rank_key_fn {
+  const float* scores;  // row t at t * n
+  int n, cap;
+  std::uint64_t* keys;
+  std::int32_t* items;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const std::int64_t t = e / cap;
+    const int j = static_cast<int>(e % cap);
+    const bool pad = j >= n;
+    const float sc = pad ? 0.0f : scores[t * n + j];
+    keys[e] = (static_cast<std::uint64_t>(t) << 33) | (static_cast<std::uint64_t>(pad ? 1u : 0u) << 32) |
+              static_cast<std::uint64_t>(descending_key(sc));
+    items[e] = j;
+  }
+};
+
+// A take: the first k ranked indices of one sorted row, written ascending at an offset.
+// desc [takes, 4]: source row, k, output offset, position row (-1: write the indices).
+inline constexpr int stars_take_fields = 4;
+
+// flags [takes, cap]: 1 at the indices take t keeps.
+struct stars_flag_top_fn {
+  const std::int32_t* sorted_items;  // [rows, cap]
+  const std::int32_t* desc;
+  int cap;
+  std::int32_t* flags;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const std::int64_t t = e / cap;
+    const int r = static_cast<int>(e % cap);
+    const std::int32_t* d = desc + t * stars_take_fields;
+    if (r < d[1]) flags[t * cap + sorted_items[static_cast<std::int64_t>(d[0]) * cap + r]] = 1;
+  }
+};
+
+// One thread per take: its flagged indices in ascending order, as indices or as the positions of
+// its position row ([rows, cap]).
+struct stars_compact_fn {
+  const std::int32_t* flags;
+  const std::int32_t* desc;
+  const std::int32_t* positions;
+  int cap;
+  std::int32_t* out;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const std::int32_t* d = desc + t * stars_take_fields;
+    const std::int32_t* f = flags + t * cap;
+    const std::int32_t* pos = d[3] < 0 ? nullptr : positions + static_cast<std::int64_t>(d[3]) * cap;
+    std::int32_t* o = out + d[2];
+    for (int j = 0; j < cap; ++j) {
+      if (f[j] != 0) *o++ = pos == nullptr ? j : pos[j];
+    }
+  }
+};
+
+// A drift check's record, one thread per satellite (desc [F, 4]: head, monitored pivot, k =
+// min(n, cap_s), offset of its new part in `picked`): its next prompt part into parts[i * cap] =
+// the new part where its pivot drifted, else its current one (the first k entries of its plan);
+// missing[i] = the new part's rows not resident (0 without a drift).
+struct stars_record_fn {
+  const std::int32_t* desc;
+  const std::int32_t* drift;           // [P] the check's decisions
+  const std::int32_t* picked;
+  const std::int32_t* plan_positions;  // the store's [sequences, cap]
+  std::int64_t seq0;                   // sequence of head 0 of (request, layer)
+  int cap;
+  std::int32_t* parts;    // [F, cap]
+  std::int32_t* missing;  // [F]
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int32_t* d = desc + i * stars_take_fields;
+    const int k = d[2];
+    const std::int32_t* cur = plan_positions + (seq0 + d[0]) * cap;
+    const std::int32_t* next = picked + d[3];
+    std::int32_t* out = parts + i * cap;
+    if (drift[d[1]] == 0) {
+      for (int j = 0; j < k; ++j) out[j] = cur[j];
+      missing[i] = 0;
+      return;
+    }
+    int a = 0;
+    int b = 0;
+    int common = 0;
+    while (a < k && b < k) {  // both ascend
+      if (next[a] < cur[b]) {
+        ++a;
+      } else if (cur[b] < next[a]) {
+        ++b;
+      } else {
+        ++common;
+        ++a;
+        ++b;
+      }
+    }
+    for (int j = 0; j < k; ++j) out[j] = next[j];
+    missing[i] = k - common;
+  }
+};
+
+// Each monitored pivot's next reference: q_t's top set (the newest window row's) where it
+// drifted, else its current one. One thread per entry of [P, base].
+struct stars_next_reference_fn {
+  const std::int32_t* drift;
+  const std::int32_t* sets;  // [P * W, base]
+  const std::int32_t* reference;
+  int window, base;
+  std::int32_t* next;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const std::int64_t p = e / base;
+    next[e] = drift[p] != 0 ? sets[(p * window + window - 1) * base + e % base] : reference[e];
+  }
+};
+
+// The drift events and recalled rows of a check, added to counters [2] (one thread).
+struct stars_count_fn {
+  const std::int32_t* drift;
+  int pivots;
+  const std::int32_t* missing;
+  int satellites;
+  std::int64_t* counters;
+  KVSIFT_HOST_DEVICE void operator()(int) const {
+    for (int p = 0; p < pivots; ++p) counters[0] += drift[p];
+    for (int i = 0; i < satellites; ++i) counters[1] += missing[i];
+  }
+};
+
+// The install's targets, back to back by `offsets` ([F + 1]): satellite i's recorded part
+// (parts[i * cap], offsets[i + 1] - offsets[i] - steps entries), then its decode positions
+// [prompt_end, prompt_end + steps).
+struct stars_targets_fn {
+  const std::int32_t* offsets;
+  int satellites;
+  const std::int32_t* parts;
+  int cap, steps;
+  std::int32_t prompt_end;
+  std::int32_t* out;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
+    const int i = segment_of(offsets, satellites, e);
+    const int j = static_cast<int>(e - offsets[i]);
+    const int k = offsets[i + 1] - offsets[i] - steps;
+    out[e] = j < k ? parts[static_cast<std::int64_t>(i) * cap + j] : prompt_end + (j - k);
+  }
+};
+
+}  // namespace kvsift::thrust::detail
+
+namespace kvsift {
+
+template <Element T, thrust::SimExec E, class Recipe>
+  requires std::is_same_v<typename Recipe::roles, roles::stars>
+class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
+  using Store = thrust::tiered_store<T, E>;
+  using space = typename E::memory_space;
+  using chunk_type = prefill_chunk<T, space>;
+  using role = calibrate::head_role;
+  static_assert(std::is_same_v<typename Recipe::scorer, score::last_query_attention> &&
+                    std::is_same_v<typename Recipe::selector, select::topk> &&
+                    std::is_same_v<typename Recipe::trigger, trigger::drift_median>,
+                "kvsift::method on a device exec: the device deferred_recall state of roles::stars "
+                "is HeteroCache's recipe (last_query_attention, topk, drift_median)");
+
+ public:
+  using plan_type = thrust::device_plan;
+  // What the heterocache interface reads of a placed (request, layer) (host arithmetic).
+  struct roles_view {
+    int base = 0;          // the reference sets' size
+    std::vector<int> cap;  // [H] cap_h (n for full-KV heads)
+  };
+  // The host shadow of (request, layer).
+  struct slot_state {
+    std::int32_t prompt_end = -1;  // positions below it are the prompt; -1 before its end
+    int steps = 0;                 // decode steps since the prompt ended
+    int n = 0;                     // prompt tokens
+    int layer = 0;
+    bool checked = false;   // the last after_attention ran a drift check
+    bool recorded = false;  // a check's record, installed by the next decode
+    roles_view roles{};
+  };
+
+  template <class R>
+  static constexpr capabilities caps{
+      .changes_physical_length = true,
+      .safe_with_shared_prefix = false,
+      .needs_queries = true,
+      .cuda_graph_safe = false,  // the laws hold on exec::sim; no CUDA exec runs a method yet
+      .speculative_decoding = false,
+  };
+  static constexpr bool after_attention_reads_queries = false;  // decode() keeps q_t
+
+  template <class M>
+  explicit state(const M& m)
+      : exec_(m.store().exec()),
+        H_(m.store().shape().kv_heads),
+        G_(m.store().shape().q_heads / m.store().shape().kv_heads),
+        d_(m.store().shape().head_dim),
+        cap_(m.store().tier_capacity()),
+        layers_(m.store().shape().layers),
+        W_(m.parts().trigger.p.window),
+        slots_(static_cast<std::size_t>(m.store().requests()) * layers_),
+        layer_budgets_(static_cast<std::size_t>(layers_), -1),
+        info_(layout(m.parts().roles.p.layers, H_)),
+        pmax_(max_of(info_, [](const layer_info& l) { return static_cast<int>(l.pivots.size()); })),
+        fmax_(max_of(info_, [](const layer_info& l) { return static_cast<int>(l.satellites.size()); })),
+        rows_(std::max(H_, pmax_ * W_)),
+        takes_(std::max(H_ + pmax_, pmax_ * W_ + fmax_)),
+        keys_pk_(exec_, per() * d_),
+        pos_pk_(exec_, per()),
+        qg_(exec_, static_cast<std::size_t>(H_) * G_ * d_),
+        qpos_(exec_, 1),
+        ring_(exec_, slots_.size() * ring_per()),
+        scores_(exec_, rows_ * static_cast<std::size_t>(cap_)),
+        score_ws_(exec_, std::max(thrust::query_attention_workspace_bytes(static_cast<std::int64_t>(per()), G_, 1),
+                                  thrust::query_attention_workspace_bytes(static_cast<std::int64_t>(pmax_) * cap_,
+                                                                          G_, W_))),
+        drift_ws_(exec_, thrust::drift_medians_workspace_bytes(pmax_, W_)),
+        off_a_(exec_, rows_ + 1),
+        off_b_(exec_, rows_ + 1),
+        sort_keys_(exec_, rows_ * static_cast<std::size_t>(cap_)),
+        sort_items_(exec_, rows_ * static_cast<std::size_t>(cap_)),
+        flags_(exec_, takes_ * static_cast<std::size_t>(cap_)),
+        picked_(exec_, takes_ * static_cast<std::size_t>(cap_)),
+        desc_(exec_, (takes_ + static_cast<std::size_t>(fmax_)) * thrust::detail::stars_take_fields),
+        reference_(exec_, slots_.size() * pivot_per()),
+        next_reference_(exec_, slots_.size() * pivot_per()),
+        median_(exec_, slots_.size() * static_cast<std::size_t>(pmax_)),
+        drift_(exec_, slots_.size() * static_cast<std::size_t>(pmax_)),
+        parts_(exec_, slots_.size() * satellite_per()),
+        missing_(exec_, static_cast<std::size_t>(fmax_)),
+        counters_(exec_, 2),
+        target_offsets_(exec_, static_cast<std::size_t>(fmax_) + 1),
+        targets_(exec_, satellite_per()),
+        heads_d_(exec_, static_cast<std::size_t>(layers_ + 1) * H_),
+        plan_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ + 1),
+        local_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * (H_ + 1)),
+        plan_slots_(exec_, static_cast<std::size_t>(m.store().requests()) * per()),
+        plan_positions_(exec_, plan_slots_.size()),
+        step_positions_(exec_, static_cast<std::size_t>(m.store().requests())),
+        attention_ws_(exec_, thrust::attention_workspace_bytes(static_cast<std::int64_t>(per()), G_, 1)) {
+    // per layer its pivots (monitored first) at l * H; every head 0..H-1 at layers * H
+    std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_ + 1) * H_, 0);
+    for (int l = 0; l < layers_; ++l) {
+      std::copy(info_[l].pivots.begin(), info_[l].pivots.end(), heads.begin() + static_cast<std::ptrdiff_t>(l) * H_);
+    }
+    for (int h = 0; h < H_; ++h) heads[static_cast<std::size_t>(layers_) * H_ + h] = h;
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(heads), heads_d_);
+    const auto policy = exec_.policy();
+    ::thrust::fill_n(policy, counters_.data(), 2, std::int64_t{0});
+    // warm the rankings' fixed-size sorts once per size (their scratch then comes from the
+    // arena's cache in every step)
+    std::vector<std::int64_t> done;
+    for (int l = 0; l <= layers_; ++l) {
+      const std::int64_t N = static_cast<std::int64_t>(l < layers_ ? info_[l].monitored * W_ : H_) * cap_;
+      if (N == 0 || std::find(done.begin(), done.end(), N) != done.end()) continue;
+      done.push_back(N);
+      ::thrust::fill_n(policy, sort_keys_.data(), N, std::uint64_t{0});
+      ::thrust::fill_n(policy, sort_items_.data(), N, 0);
+      ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N, sort_items_.data());
+    }
+  }
+  state(state&&) noexcept = default;
+
+  [[nodiscard]] int steps(std::size_t slot) const { return slots_[slot].steps; }
+  [[nodiscard]] const slot_state& at(std::size_t slot) const { return slots_[slot]; }
+  [[nodiscard]] bool recall_in_flight(std::size_t) const { return false; }  // a lazy copy queue
+  // A check's record not installed yet (host shadow: after every check, drift or not).
+  [[nodiscard]] bool recorded(std::size_t slot) const { return slots_[slot].recorded; }
+  // As the host's: a recorded retrieval of which some pivot drifted. Reads the check's drift
+  // flags back when one is recorded (one counted D2H read; none otherwise).
+  [[nodiscard]] bool recall_pending(std::size_t slot) const {
+    const auto& s = slots_[slot];
+    if (!s.recorded) return false;
+    const auto flags = read(drift_.data() + slot * pmax_, info_[s.layer].monitored);
+    return std::any_of(flags.begin(), flags.end(), [](std::int32_t x) { return x != 0; });
+  }
+  // Drift checks since construction: per firing request, one per monitored pivot (host).
+  [[nodiscard]] std::int64_t checks() const { return checks_; }
+  // Drift events (pivot windows that drifted) since construction: one counted D2H read.
+  [[nodiscard]] std::int64_t refreshes() const { return counters()[0]; }
+  // Satellite rows the retrievals asked the pool for (not resident when decided): one D2H read.
+  [[nodiscard]] std::int64_t rows_recalled() const { return counters()[1]; }
+  // The last after_attention's check of KV head `head` (-1 where none ran; a monitored pivot's
+  // median otherwise): one counted D2H read when a check ran on a monitored pivot.
+  [[nodiscard]] double drift_median(std::size_t slot, int head) const {
+    const int p = checked_pivot(slot, head);
+    return p < 0 ? -1.0 : read(median_.data() + slot * pmax_ + p, 1)[0];
+  }
+  [[nodiscard]] bool drifted(std::size_t slot, int head) const {
+    const int p = checked_pivot(slot, head);
+    return p >= 0 && read(drift_.data() + slot * pmax_ + p, 1)[0] != 0;
+  }
+  // A pivot's reference set (positions, ascending; empty for other heads or before the prompt's
+  // end): one counted D2H read.
+  [[nodiscard]] std::vector<std::int32_t> reference(std::size_t slot, int head) const {
+    const auto& s = slots_[slot];
+    if (s.prompt_end < 0) return {};
+    const auto& pv = info_[s.layer].pivots;
+    const auto it = std::find(pv.begin(), pv.end(), head);
+    if (it == pv.end()) return {};
+    const auto p = static_cast<std::size_t>(it - pv.begin());
+    return read(reference_.data() + slot * pivot_per() + p * s.roles.base, s.roles.base);
+  }
+  // The recorded next prompt parts of a slot's satellites (E memory, [satellites, tier_capacity]
+  // rows; satellite i = satellites(layer)[i], min(n, cap) entries each). Valid while recorded().
+  [[nodiscard]] const std::int32_t* recorded_parts(std::size_t slot) const {
+    return parts_.data() + slot * satellite_per();
+  }
+  // The satellites of monitored pivots of a layer, in record order.
+  [[nodiscard]] const std::vector<int>& satellites(int layer) const { return info_[layer].satellites; }
+  // Tests only: while true, decode() does not install recorded recalls (they stay recorded and
+  // the satellites keep their old rows: stale, as a forgotten install would leave them). The next
+  // check still installs a recorded one first (decisions apply in order).
+  void debug_skip_installs(bool skip) { skip_installs_ = skip; }
+
+  // The host state's chunk checks (detail::two_tier::check_chunk) plus room in the device tier.
+  template <class M>
+  void check_chunk(const M& m, std::string_view where, int layer, const chunk_type& c,
+                   prefill_totals& tot) const {
+    const auto& st = m.store();
+    require(slots_[m.slot(c.request, layer)].prompt_end < 0, where, "request", c.request,
+            "a request whose prompt has not ended on this layer (reset() it first)");
+    require(c.queries.tokens <= c.keys.tokens, where, "queries.tokens", c.queries.tokens,
+            "<= keys.tokens (the chunk's newest queries)");
+    if (c.last) {
+      require(c.queries.tokens >= 1, where, "queries.tokens", c.queries.tokens,
+              ">= 1 on the last chunk: " + std::string(Recipe::paper) + " scores the prompt's last query");
+    }
+    const int room = st.host_capacity() - st.host_length(c.request, layer);
+    require(tot.added[c.request] + c.keys.tokens <= room, where, "keys.tokens", c.keys.tokens,
+            "<= the room left in the host pool (" + std::to_string(room) + ")");
+    const int tier_room = cap_ - st.host_length(c.request, layer);  // every head holds the prompt
+    require(tot.added[c.request] + c.keys.tokens <= tier_room, where, "keys.tokens", c.keys.tokens,
+            "<= the room left in the device tier (" + std::to_string(tier_room) +
+                "): the whole prompt is resident until its end");
+  }
+  template <class M>
+  void check_prefill(const M& m, std::string_view where, int layer, std::span<const chunk_type> chunks,
+                     const prefill_totals& tot) const {
+    for (const auto& c : chunks) {
+      if (c.last) m.parts().roles.check_prompt(where, m.store().host_length(c.request, layer) + tot.added[c.request]);
+    }
+  }
+
+  template <class M>
+  void prefill(M& m, int layer, std::span<const chunk_type> chunks) {
+    auto& st = m.store();
+    for (const auto& c : chunks) {
+      st.append(c.request, layer, c.keys, c.values, c.first_position);
+      if (!c.last) continue;
+      const auto k = m.slot(c.request, layer);
+      auto& s = slots_[k];
+      s = {};
+      s.prompt_end = st.next_position(c.request, layer);
+      s.n = st.host_length(c.request, layer);
+      s.layer = layer;
+      const auto b = m.parts().roles.budget(s.n);
+      s.roles.base = b.base;
+      s.roles.cap.assign(b.cap.begin() + static_cast<std::ptrdiff_t>(layer) * H_,
+                         b.cap.begin() + static_cast<std::ptrdiff_t>(layer + 1) * H_);
+      layer_budgets_[layer] = b.base;
+      place(m, layer, c, s, k);
+    }
+  }
+
+  template <class M>
+  void check_decode(const M& m, std::string_view where, int layer,
+                    std::span<const decode_token<T>> tokens) const {
+    const auto& st = m.store();
+    const auto& sh = st.shape();
+    for (const auto& t : tokens) {
+      const auto& s = slots_[m.slot(t.request, layer)];
+      require(s.prompt_end >= 0, where, "request", t.request,
+              "a request whose prompt ended on this layer (prefill with last = true first)");
+      require(st.host_length(t.request, layer) < st.host_capacity(), where, "request", t.request,
+              "a head-sequence with room for one more token in the host pool");
+      for (int h = 0; h < H_; ++h) {  // an install keeps each satellite's length
+        require(st.length(sh.sequence(t.request, layer, h)) < cap_, where, "request", t.request,
+                "room for one more token in the device tier of each KV head (tier_capacity " +
+                    std::to_string(cap_) + ")");
+      }
+    }
+  }
+
+  template <class M>
+  void decode(M& m, int layer, std::span<const decode_token<T>> tokens, plan_type& plan) {
+    auto& st = m.store();
+    const auto& sh = st.shape();
+    using view = kv_view<const T, nhd, space>;
+    for (const auto& t : tokens) {
+      if (!skip_installs_) install(m, layer, t.request);
+    }
+    host_positions_.clear();
+    const auto& li = info_[layer];
+    for (const auto& t : tokens) {
+      const auto k = m.slot(t.request, layer);
+      auto& s = slots_[k];
+      if (li.monitored > 0) {  // q_t's groups of the monitored pivots into the window ring
+        const std::int64_t n = static_cast<std::int64_t>(li.monitored) * G_ * d_;
+        ::thrust::for_each_n(exec_.policy(), ::thrust::counting_iterator<std::int64_t>(0), n,
+                             thrust::detail::gather_query_groups_fn<space>{
+                                 kv_view<const float, nhd, space>::contiguous(t.query, 1, H_ * G_, d_), 0,
+                                 heads_d_.data() + static_cast<std::size_t>(layer) * H_, G_,
+                                 ring_.data() + k * ring_per() + static_cast<std::size_t>(s.steps % W_) * n});
+      }
+      ++s.steps;
+      const std::int32_t pos = st.next_position(t.request, layer);
+      st.append(t.request, layer, view::contiguous(t.key, 1, H_, d_), view::contiguous(t.value, 1, H_, d_), pos);
+      host_positions_.push_back(pos);
+    }
+    // the plan: every resident token of each KV head, by position (one pack per request)
+    const int R = static_cast<int>(tokens.size());
+    plan.offsets.assign(1, 0);
+    plan_base_.clear();
+    for (int i = 0; i < R; ++i) {
+      plan_base_.push_back(plan.offsets.back());
+      seqs_.clear();
+      for (int h = 0; h < H_; ++h) seqs_.push_back(sh.sequence(tokens[i].request, layer, h));
+      st.plan_sorted(seqs_, local_offsets_.data() + static_cast<std::size_t>(i) * (H_ + 1),
+                     plan_slots_.data() + plan_base_.back(), plan_positions_.data() + plan_base_.back());
+      for (int h = 0; h < H_; ++h) plan.offsets.push_back(plan.offsets.back() + st.length(seqs_[h]));
+    }
+    plan.page_offsets.clear();
+    plan.pages = nullptr;
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(plan.offsets), plan_offsets_);
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(host_positions_), step_positions_);
+    plan.device_offsets = plan_offsets_.data();
+    plan.slots = plan_slots_.data();
+    plan.positions = plan_positions_.data();
+  }
+
+  // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
+  template <class M>
+  void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
+    const auto& st = m.store();
+    const auto& sh = st.shape();
+    const std::int64_t stride = static_cast<std::int64_t>(cap_) * d_;
+    const auto& plan = m.plan();
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const std::int64_t seq0 = sh.sequence(tokens[i].request, layer, 0);
+      const thrust::segmented_rows<T> k{st.tier_keys() + seq0 * stride, st.slot_offsets(),
+                                        st.slot_positions() + seq0 * cap_, stride, H_, d_};
+      auto v = k;
+      v.data = st.tier_values() + seq0 * stride;
+      const thrust::window_queries q{tokens[i].query, step_positions_.data() + i, 1, H_, G_};
+      const std::int64_t base = plan_base_[i];
+      const std::int64_t total = plan.offsets[(i + 1) * H_] - base;
+      thrust::attention_over(exec_.policy(), k, v, q,
+                             thrust::attention_plan{local_offsets_.data() + i * (H_ + 1), plan_slots_.data() + base},
+                             static_cast<std::int64_t>(H_) * cap_, total,
+                             out + i * sh.q_heads * sh.head_dim, nullptr, attention_ws_.data(),
+                             attention_ws_.size());
+    }
+  }
+
+  template <class M>
+  void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
+    const auto& trig = m.parts().trigger;
+    const bool any = info_[layer].monitored > 0;
+    for (const auto& t : tokens) {
+      auto& s = slots_[m.slot(t.request, layer)];
+      s.checked = false;
+      const trigger_context ctx{lifecycle_event::decode_step, s.steps, 0, 0, 0};
+      if (!any || !trig.fires(ctx)) continue;
+      check(m, layer, t.request);
+    }
+  }
+
+  template <class M>
+  void reset(M& m, int request) {
+    for (int l = 0; l < layers_; ++l) slots_[m.slot(request, l)] = {};
+    m.store().reset(request);
+  }
+  // Reads back the store's copied rows and the drift events (two counted D2H reads).
+  template <class M>
+  void stats(const M& m, method_stats& s) const {
+    s.bytes_transferred = m.store().stats().bytes_to_device;
+    s.refreshes = refreshes();
+    s.stalls = 0;
+    s.layer_budgets = layer_budgets_;
+  }
+  template <class M>
+  void release(M&) {}
+
+ private:
+  // The roles of one layer as the device state uses them (host, from params::roles).
+  struct layer_info {
+    std::vector<int> pivots;           // the monitored pivots (with satellites) first, then the others
+    int monitored = 0;
+    std::vector<int> satellites;       // the monitored pivots' satellites, by pivot then head
+    std::vector<int> satellite_pivot;  // index in `pivots` of each satellite's pivot
+    std::vector<unsigned char> full;   // [H] keeps its whole KV (volatile, pivot)
+  };
+  static std::vector<layer_info> layout(const std::vector<roles::stars::layer_roles>& layers, int H) {
+    std::vector<layer_info> out(layers.size());
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const auto& r = layers[l];
+      auto& li = out[l];
+      std::vector<int> others;
+      for (int h = 0; h < H; ++h) {
+        li.full.push_back(budget::full_kv(r.roles[h]) ? 1 : 0);
+        if (r.roles[h] != role::pivot) continue;
+        bool sats = false;
+        for (int x = 0; x < H; ++x) sats = sats || (r.roles[x] == role::satellite && r.leader[x] == h);
+        (sats ? li.pivots : others).push_back(h);
+      }
+      li.monitored = static_cast<int>(li.pivots.size());
+      for (int p = 0; p < li.monitored; ++p) {
+        for (int x = 0; x < H; ++x) {
+          if (r.roles[x] != role::satellite || r.leader[x] != li.pivots[p]) continue;
+          li.satellites.push_back(x);
+          li.satellite_pivot.push_back(p);
+        }
+      }
+      li.pivots.insert(li.pivots.end(), others.begin(), others.end());
+    }
+    return out;
+  }
+  template <class F>
+  static int max_of(const std::vector<layer_info>& info, F f) {
+    int m = 0;
+    for (const auto& l : info) m = std::max(m, f(l));
+    return m;
+  }
+  [[nodiscard]] std::size_t per() const { return static_cast<std::size_t>(H_) * cap_; }
+  [[nodiscard]] std::size_t ring_per() const { return static_cast<std::size_t>(W_) * pmax_ * G_ * d_; }
+  [[nodiscard]] std::size_t pivot_per() const { return static_cast<std::size_t>(pmax_) * cap_; }
+  [[nodiscard]] std::size_t satellite_per() const { return static_cast<std::size_t>(fmax_) * cap_; }
+  // The index of `head` among the monitored pivots of the slot's layer when its last
+  // after_attention checked; -1 otherwise.
+  [[nodiscard]] int checked_pivot(std::size_t slot, int head) const {
+    const auto& s = slots_[slot];
+    if (!s.checked) return -1;
+    const auto& li = info_[s.layer];
+    for (int p = 0; p < li.monitored; ++p) {
+      if (li.pivots[p] == head) return p;
+    }
+    return -1;
+  }
+  template <class U>
+  std::vector<U> read(const U* p, int n) const {
+    std::vector<U> out(static_cast<std::size_t>(std::max(n, 0)));
+    thrust::copy_to_host(exec_, p, std::span<U>(out));
+    return out;
+  }
+  [[nodiscard]] std::vector<std::int64_t> counters() const { return read(counters_.data(), 2); }
+
+  // Plan rows [0, L) of the heads `heads` (E memory, S of them) of (request, layer) into keys_pk_
+  // / pos_pk_ ([S, cap] layout), and their scores under `queries` (window nq, positions qpos_)
+  // into scores_: row (s, i) at (s * nq + i) * L.
+  template <class M>
+  void score_rows(M& m, int layer, int request, const std::int32_t* heads, int S, int L,
+                  const float* queries, int nq, int kernel) {
+    auto& st = m.store();
+    const auto policy = exec_.policy();
+    const std::int64_t seq0 = st.shape().sequence(request, layer, 0);
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
+                         static_cast<std::int64_t>(S) * L * d_,
+                         thrust::detail::gather_plan_rows_fn<T>{st.tier_keys(), st.plan_slots(),
+                                                                st.plan_positions(), heads, seq0, L,
+                                                                cap_, d_, keys_pk_.data(), pos_pk_.data()});
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), S + 1,
+                         thrust::detail::uniform_offsets_fn{L, L, off_a_.data(), off_a_.data()});
+    const thrust::segmented_rows<T> keys{keys_pk_.data(), off_a_.data(), pos_pk_.data(),
+                                         static_cast<std::int64_t>(cap_) * d_, S, d_};
+    const thrust::window_queries wq{queries, qpos_.data(), nq, S, G_};
+    thrust::query_attention_scores(policy, keys, wq, static_cast<std::int64_t>(S) * L, kernel, pooling::avg,
+                                   gqa_reduce::max, scores_.data(), score_ws_.data(), score_ws_.size());
+  }
+
+  // Ranks `rows` score rows of n (scores_) in the fixed [rows, cap] layout, then runs the takes
+  // of desc_ (uploaded by the caller, `takes` of them) into picked_.
+  void take_top(int rows, int n, int takes) {
+    const auto policy = exec_.policy();
+    const std::int64_t N = static_cast<std::int64_t>(rows) * cap_;  // fixed per layer: the sort's scratch repeats
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), N,
+                         thrust::detail::stars_rank_key_fn{scores_.data(), n, cap_, sort_keys_.data(),
+                                                           sort_items_.data()});
+    ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N, sort_items_.data());
+    const std::int64_t F = static_cast<std::int64_t>(takes) * cap_;
+    ::thrust::fill_n(policy, flags_.data(), F, 0);
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), F,
+                         thrust::detail::stars_flag_top_fn{sort_items_.data(), desc_.data(), cap_, flags_.data()});
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), takes,
+                         thrust::detail::stars_compact_fn{flags_.data(), desc_.data(), pos_pk_.data(), cap_,
+                                                          picked_.data()});
+  }
+
+  // The prompt's round of one request: every head scored with the last query; the kept plan
+  // indices of each head retained; the pivots' references recorded.
+  template <class M>
+  void place(M& m, int layer, const chunk_type& c, slot_state& s, std::size_t slot) {
+    const auto& li = info_[layer];
+    const int n = s.n;
+    const auto policy = exec_.policy();
+    const std::int32_t* all = heads_d_.data() + static_cast<std::size_t>(layers_) * H_;
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
+                         static_cast<std::int64_t>(H_) * G_ * d_,
+                         thrust::detail::gather_query_groups_fn<space>{c.queries, c.queries.tokens - 1, all, G_,
+                                                                      qg_.data()});
+    const std::int32_t qpos = s.prompt_end - 1;
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(&qpos, 1), qpos_);
+    score_rows(m, layer, c.request, all, H_, n, qg_.data(), 1, m.parts().scorer.p.kernel);
+    // takes: each head's kept indices (all n, or its top min(n, cap_h)), then each pivot's top base
+    desc_host_.clear();
+    counts_.clear();
+    int at = 0;
+    for (int h = 0; h < H_; ++h) {
+      const int k = li.full[h] != 0 ? n : std::min(n, s.roles.cap[h]);
+      desc_host_.insert(desc_host_.end(), {h, k, at, -1});
+      counts_.push_back(k);
+      at += k;
+    }
+    const int P = static_cast<int>(li.pivots.size());
+    for (int p = 0; p < P; ++p) desc_host_.insert(desc_host_.end(), {li.pivots[p], s.roles.base, at + p * s.roles.base, li.pivots[p]});
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(desc_host_), desc_);
+    take_top(H_, n, H_ + P);
+    m.store().retain(c.request, layer, counts_, picked_.data());
+    if (P > 0) {
+      ::thrust::copy_n(policy, picked_.data() + at, static_cast<std::int64_t>(P) * s.roles.base,
+                       reference_.data() + slot * pivot_per());
+    }
+  }
+
+  // A drift check of request `request` after its step: the window's scores over each monitored
+  // pivot's prompt rows, the probe on the device, the record (see the file comment).
+  template <class M>
+  void check(M& m, int layer, int request) {
+    const auto slot = m.slot(request, layer);
+    auto& s = slots_[slot];
+    if (s.recorded) install(m, layer, request);  // decisions apply in order
+    const auto& li = info_[layer];
+    const int P = li.monitored, F = static_cast<int>(li.satellites.size());
+    const int n = s.n, base = s.roles.base;
+    const auto policy = exec_.policy();
+    const std::int32_t qpos = s.prompt_end - 1;  // every window query sees exactly the prompt
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(&qpos, 1), qpos_);
+    score_rows(m, layer, request, heads_d_.data() + static_cast<std::size_t>(layer) * H_, P, n,
+               ring_.data() + slot * ring_per(), W_, m.parts().roles.p.kernel);
+    // takes: each (pivot, window query)'s top base, then each satellite's top min(n, cap_s) of
+    // its pivot's newest row; then the satellites' record descriptors
+    desc_host_.clear();
+    for (int t = 0; t < P * W_; ++t) desc_host_.insert(desc_host_.end(), {t, base, t * base, t / W_});
+    int at = P * W_ * base;
+    for (int i = 0; i < F; ++i) {
+      const int p = li.satellite_pivot[i];
+      const int k = std::min(n, s.roles.cap[li.satellites[i]]);
+      desc_host_.insert(desc_host_.end(), {p * W_ + W_ - 1, k, at, p});
+      at += k;
+    }
+    at = P * W_ * base;
+    for (int i = 0; i < F; ++i) {
+      const int k = std::min(n, s.roles.cap[li.satellites[i]]);
+      desc_host_.insert(desc_host_.end(), {li.satellites[i], li.satellite_pivot[i], k, at});
+      at += k;
+    }
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(desc_host_), desc_);
+    take_top(P * W_, n, P * W_ + F);
+    // the probe: drift[p] = median over the window of overlap(set, reference) < tau_drift
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), P * W_ + 1,
+                         thrust::detail::uniform_offsets_fn{base, base, off_b_.data(), off_b_.data()});
+    std::int32_t* drift = drift_.data() + slot * pmax_;
+    std::int32_t* reference = reference_.data() + slot * pivot_per();
+    thrust::drift_medians(policy, off_b_.data(), picked_.data(), off_b_.data(), reference, P, W_,
+                          m.parts().trigger.p.tau_drift, median_.data() + slot * pmax_, drift,
+                          drift_ws_.data(), drift_ws_.size());
+    // the record: both outcomes' shapes, chosen per pivot on the device
+    if (base > 0) {
+      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(P) * base,
+                           thrust::detail::stars_next_reference_fn{drift, picked_.data(), reference, W_, base,
+                                                                   next_reference_.data() + slot * pivot_per()});
+    }
+    const std::int32_t* sat_desc = desc_.data() + static_cast<std::size_t>(P * W_ + F) * thrust::detail::stars_take_fields;
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), F,
+                         thrust::detail::stars_record_fn{sat_desc, drift, picked_.data(),
+                                                         m.store().plan_positions(),
+                                                         m.store().shape().sequence(request, layer, 0), cap_,
+                                                         parts_.data() + slot * satellite_per(), missing_.data()});
+    ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), 1,
+                         thrust::detail::stars_count_fn{drift, P, missing_.data(), F, counters_.data()});
+    checks_ += P;
+    s.checked = true;
+    s.recorded = true;
+  }
+
+  // The lazy copy queue: the record of the last check installed now (each satellite: its
+  // recorded prompt part and its decode tokens), then the references committed.
+  template <class M>
+  void install(M& m, int layer, int request) {
+    const auto slot = m.slot(request, layer);
+    auto& s = slots_[slot];
+    if (!s.recorded) return;
+    const auto& li = info_[layer];
+    const auto& sh = m.store().shape();
+    const int F = static_cast<int>(li.satellites.size());
+    seqs_.clear();
+    counts_.clear();
+    offsets_host_.assign(1, 0);
+    for (const int x : li.satellites) {
+      seqs_.push_back(sh.sequence(request, layer, x));
+      counts_.push_back(std::min(s.n, s.roles.cap[x]) + s.steps);
+      offsets_host_.push_back(offsets_host_.back() + counts_.back());
+    }
+    const auto policy = exec_.policy();
+    if (F > 0) {
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(offsets_host_), target_offsets_);
+      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), offsets_host_.back(),
+                           thrust::detail::stars_targets_fn{target_offsets_.data(), F,
+                                                            parts_.data() + slot * satellite_per(), cap_,
+                                                            s.steps, s.prompt_end, targets_.data()});
+      m.store().install(seqs_, counts_, targets_.data());
+    }
+    const std::int64_t refs = static_cast<std::int64_t>(li.monitored) * s.roles.base;
+    if (refs > 0) {
+      ::thrust::copy_n(policy, next_reference_.data() + slot * pivot_per(), refs,
+                       reference_.data() + slot * pivot_per());
+    }
+    s.recorded = false;
+  }
+
+  E exec_;
+  int H_, G_, d_, cap_, layers_, W_;
+  std::vector<slot_state> slots_;  // [requests * layers]
+  std::vector<int> layer_budgets_;
+  std::vector<layer_info> info_;   // [layers]
+  int pmax_, fmax_;                // the most pivots, monitored pivots' satellites of a layer
+  std::size_t rows_, takes_;       // the most ranked rows and takes of a prefill or a check
+  std::int64_t checks_ = 0;
+  bool skip_installs_ = false;
+  // E memory, allocated once
+  thrust::buffer<T, E> keys_pk_;
+  thrust::buffer<std::int32_t, E> pos_pk_;
+  thrust::buffer<float, E> qg_;
+  thrust::buffer<std::int32_t, E> qpos_;
+  thrust::buffer<float, E> ring_;  // [slots, W, monitored pivots x G x d] the newest W queries
+  thrust::buffer<float, E> scores_;
+  thrust::buffer<std::byte, E> score_ws_, drift_ws_;
+  thrust::buffer<std::int32_t, E> off_a_, off_b_;
+  thrust::buffer<std::uint64_t, E> sort_keys_;
+  thrust::buffer<std::int32_t, E> sort_items_, flags_, picked_, desc_;
+  thrust::buffer<std::int32_t, E> reference_, next_reference_;  // [slots, pivots, base]
+  thrust::buffer<double, E> median_;                            // [slots, monitored pivots]
+  thrust::buffer<std::int32_t, E> drift_;
+  thrust::buffer<std::int32_t, E> parts_;                       // [slots, satellites, cap]
+  thrust::buffer<std::int32_t, E> missing_;
+  thrust::buffer<std::int64_t, E> counters_;                    // drift events, rows recalled
+  thrust::buffer<std::int32_t, E> target_offsets_, targets_;
+  thrust::buffer<std::int32_t, E> heads_d_;
+  thrust::buffer<std::int32_t, E> plan_offsets_, local_offsets_, plan_slots_, plan_positions_,
+      step_positions_;
+  mutable thrust::buffer<std::byte, E> attention_ws_;
+  // host scratch
+  std::vector<std::int64_t> seqs_;
+  std::vector<int> counts_;
+  std::vector<std::int32_t> desc_host_, offsets_host_, host_positions_;
+  std::vector<std::int64_t> plan_base_;
+};
+
+// HeteroCache over a device two-tier store on a device exec.
+template <Element T, thrust::SimExec E>
+using heterocache_on = method<thrust::tiered_store<T, E>, heterocache_recipe, E>;
+
+}  // namespace kvsift
