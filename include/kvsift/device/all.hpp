@@ -8,3 +8,4 @@
 #include <kvsift/device/evict.hpp>        // full KV, StreamingLLM, H2O, SnapKV, PyramidKV, DynamicKV, LagKV
 #include <kvsift/device/sparse_read.hpp>  // Quest
 #include <kvsift/device/deferred_recall.hpp>  // SyncKV (over a thrust::tiered_store)
+#include <kvsift/device/speculative.hpp>      // FreeKV (over a thrust::tiered_store)
