@@ -134,7 +134,11 @@ void require_page_table_consistent(const typename M::store& s) {
         REQUIRE(t.indptr.front() == 0);
         REQUIRE(t.indptr.back() == static_cast<std::int32_t>(t.indices.size()));
         for (int h = 0; h < sh.kv_heads; ++h) {
-          const int n = s.length(sh.sequence(r, l, h));
+          // the pages hold the rows in use: the tokens and at most one released row that the
+          // next append fills (a decode step's eviction)
+          const int n = s.row_extent(sh.sequence(r, l, h));
+          REQUIRE(n >= s.length(sh.sequence(r, l, h)));
+          REQUIRE(n <= s.length(sh.sequence(r, l, h)) + 1);
           const int np = t.indptr[h + 1] - t.indptr[h];
           CAPTURE(r, l, h, n, np);
           REQUIRE(np == (n + s.page_size() - 1) / s.page_size());
@@ -152,13 +156,13 @@ void require_page_table_consistent(const typename M::store& s) {
         if (!t.indices.empty()) REQUIRE_NOTHROW(kv.validate("test", "kv", 1, sh.head_dim));
         for (int h = 0; h < sh.kv_heads; ++h) {
           const auto seq = sh.sequence(r, l, h);
-          REQUIRE(kv.length(h) == s.length(seq));
-          // rows [0, n) hold the resident tokens, slot i at row s.row(seq, i): a permutation
-          std::vector<int> seen(static_cast<std::size_t>(s.length(seq)), 0);
+          REQUIRE(kv.length(h) == s.row_extent(seq));
+          // rows [0, extent) hold the resident tokens, slot i at row s.row(seq, i), each once
+          std::vector<int> seen(static_cast<std::size_t>(s.row_extent(seq)), 0);
           for (int i = 0; i < s.length(seq); ++i) {
             const int row = s.row(seq, i);
             REQUIRE(row >= 0);
-            REQUIRE(row < s.length(seq));
+            REQUIRE(row < s.row_extent(seq));
             REQUIRE(seen[row]++ == 0);
             REQUIRE(kv.row(h, row, 0) == s.key(seq, i));
             REQUIRE(vv.row(h, row, 0) == s.value(seq, i));

@@ -8,6 +8,7 @@
 #include <kvsift/core/segments.hpp>
 #include <kvsift/core/shape.hpp>
 #include <kvsift/core/view.hpp>
+#include <kvsift/cpu/attention_rows.hpp>
 #include <kvsift/cpu/decode_attention.hpp>
 #include <kvsift/cpu/math.hpp>
 #include <kvsift/cpu/parallel.hpp>
@@ -42,6 +43,22 @@ void attend_row(const float* q, int d, int count, KeyAt&& key, ValueAt&& value, 
   }
 }
 
+// A plan attention's probabilities, per plan segment s (one KV head of one token): segment(s) is
+// [G, plan.size(s)] floats, query head g's softmax over the segment's slots in plan order, in
+// cpu::attention_rows_over's exact arithmetic (kvsift::dot's bits, std::exp, a double sum) —
+// bit for bit what a second pass over the keys would derive, so a scorer that adds them (H2O's
+// cumulative_attention::observe_weights) needs no such pass. Filled by attend_plan_batch.
+struct plan_weights {
+  std::vector<float> values;
+  std::vector<std::size_t> offsets;  // [segments + 1] start of each segment in values
+  [[nodiscard]] std::span<const float> segment(int s) const {
+    return {values.data() + offsets[s], offsets[s + 1] - offsets[s]};
+  }
+  [[nodiscard]] std::span<float> segment(int s) {
+    return {values.data() + offsets[s], offsets[s + 1] - offsets[s]};
+  }
+};
+
 namespace detail {
 
 // The boundary of a plan attention: (request, layer) exist, q and out are arrays, and the plan's
@@ -75,22 +92,32 @@ void check_plan_rows(const Store& store, int request, int layer, const float* q,
   }
 }
 
-// KV head h of one request's plan attention (its GQA group of query heads).
+// KV head h of one request's plan attention (its GQA group of query heads). With `weights`, the
+// group's probabilities go to weights->segment(first_segment + h) (exact, see plan_weights) and
+// the output is their weighted values; otherwise cpu::attend_group's fused kernels.
 template <class Store>
 void attend_plan_head(const Store& store, int request, int layer, const float* q,
-                      const index_sets& plan, float* out, int first_segment, int h) {
+                      const index_sets& plan, float* out, int first_segment, int h,
+                      plan_weights* weights = nullptr) {
   const model_shape& sh = store.shape();
   const int G = sh.group_size();
   const int d = sh.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const auto seq = sh.sequence(request, layer, h);
   const auto slots = plan[first_segment + h];
+  const float* qg = q + static_cast<std::size_t>(h) * G * d;
+  float* og = out + static_cast<std::size_t>(h) * G * d;
+  auto value = [&](std::size_t j) { return store.value(seq, slots[j]); };
+  if (weights != nullptr) {
+    const auto probs = weights->segment(first_segment + h);
+    cpu::attention_rows_over(store, seq, qg, G, slots, probs);
+    cpu::weighted_values<typename Store::element_type>(probs.data(), G, d, slots.size(), value, og);
+    return;
+  }
   thread_local std::vector<float> logits;
   cpu::attend_group<typename Store::element_type>(
-      q + static_cast<std::size_t>(h) * G * d, G, d, slots.size(),
-      [&](std::size_t j) { return store.key(seq, slots[j]); },
-      [&](std::size_t j) { return store.value(seq, slots[j]); },
-      out + static_cast<std::size_t>(h) * G * d, scale, logits);
+      qg, G, d, slots.size(), [&](std::size_t j) { return store.key(seq, slots[j]); }, value, og,
+      scale, logits);
 }
 
 }  // namespace detail
@@ -116,10 +143,14 @@ void attend_plan(const Store& store, int request, int layer, const float* q,
 // request request_of(i) with query query_of(i) [q_heads, d] over plan segments i * kv_heads ..
 // (i + 1) * kv_heads - 1, writing out + i * q_heads * d. The same output as attend_plan per
 // token, without a parallel region per request: a batch of short plans fills the threads once.
-// Every token's rows are checked before any is computed.
+// Every token's rows are checked before any is computed. With `weights`, the step's probabilities
+// are kept too (plan_weights: laid out here, one segment per (token, KV head)), computed in the
+// scorers' exact arithmetic instead of the fused kernels' (outputs within the same bound of a
+// float64 reference; the keys are still read once).
 template <class Store, class RequestOf, class QueryOf>
 void attend_plan_batch(const Store& store, int layer, std::size_t tokens, RequestOf&& request_of,
-                       QueryOf&& query_of, const index_sets& plan, float* out) {
+                       QueryOf&& query_of, const index_sets& plan, float* out,
+                       plan_weights* weights = nullptr) {
   const model_shape& sh = store.shape();
   const std::size_t out_stride = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
   for (std::size_t i = 0; i < tokens; ++i) {
@@ -127,6 +158,14 @@ void attend_plan_batch(const Store& store, int layer, std::size_t tokens, Reques
                             static_cast<int>(i) * sh.kv_heads);
   }
   const std::int64_t jobs = static_cast<std::int64_t>(tokens) * sh.kv_heads;
+  if (weights != nullptr) {
+    weights->offsets.assign(static_cast<std::size_t>(jobs) + 1, 0);
+    for (std::int64_t s = 0; s < jobs; ++s) {
+      weights->offsets[s + 1] =
+          weights->offsets[s] + static_cast<std::size_t>(sh.group_size()) * plan.size(static_cast<int>(s));
+    }
+    weights->values.resize(weights->offsets.back());
+  }
   if (jobs == 0) {
     return;
   }
@@ -138,7 +177,7 @@ void attend_plan_batch(const Store& store, int layer, std::size_t tokens, Reques
     const auto i = static_cast<std::size_t>(job / sh.kv_heads);
     detail::attend_plan_head(store, request_of(i), layer, query_of(i), plan,
                              out + i * out_stride, static_cast<int>(i) * sh.kv_heads,
-                             static_cast<int>(job % sh.kv_heads));
+                             static_cast<int>(job % sh.kv_heads), weights);
   }, cpu::par, work);
 }
 

@@ -678,6 +678,49 @@ void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, V
 
 }  // namespace detail
 
+// out [G, d] = sum_j w[g * m + j] value(j) over j in [0, m) for G query heads: the values half
+// of attend_group, for weights computed elsewhere (attention::attend_plan_batch's weighted form:
+// the exact probabilities H2O's scorer reads, cpu/attention_rows.hpp). Each V row is read once
+// for the group, by the same accumulate kernels as attend_group's (AVX-512 with head_dim % 16 == 0,
+// AVX2 with head_dim % 8 == 0, portable otherwise). m == 0 gives zeros.
+template <Element T, class ValueAt>
+void weighted_values(const float* w, int G, int d, std::size_t m, ValueAt&& value_at, float* out) {
+  std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
+  if (m == 0) return;
+#if KVSIFT_HAVE_X86_SIMD_PATH
+  if (d % 16 == 0 && active_simd() == simd::avx512) {
+    thread_local std::vector<float> ones;
+    ones.assign(8, 1.0f);  // accumulate_heads scales by 1 / sum: the weights are normalised
+    for (int g0 = 0; g0 < G; g0 += 8) {
+      detail::with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
+        detail::avx512::accumulate_heads<GC, T>(w + g0 * m, m, ones.data(), d, m, value_at,
+                                                out + g0 * d);
+      });
+    }
+    return;
+  }
+  if (d % 8 == 0 && active_simd() >= simd::avx2) {
+    thread_local std::vector<const T*> rows;  // row addresses once (see avx512::attend_group)
+    rows.resize(m);
+    for (std::size_t j = 0; j < m; ++j) rows[j] = value_at(j);
+    for (int g0 = 0; g0 < G; g0 += 4) {
+      detail::with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
+        detail::avx2::accumulate_heads<GC, T>(w + g0 * m, m, d, m, rows.data(), out + g0 * d);
+      });
+    }
+    return;
+  }
+#endif
+  for (std::size_t j = 0; j < m; ++j) {
+    const T* v = value_at(j);
+    for (int g = 0; g < G; ++g) {
+      const float wj = w[g * m + j];
+      float* o = out + static_cast<std::size_t>(g) * d;
+      for (int c = 0; c < d; ++c) o[c] += wj * to_float(v[c]);
+    }
+  }
+}
+
 // out [G, d] = softmax(scale * qg . key(j)) . value(j) over j in [0, m) for the G query heads qg
 // [G, d] of one KV head; key(j) / value(j) return pointers to d elements of type T. m == 0 gives
 // zeros. `logits` is scratch (up to G * m floats).

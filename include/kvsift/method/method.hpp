@@ -259,7 +259,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     if constexpr (Exec_::host_visible) {
       attention::attend_plan_batch(
           *store_, layer, tokens.size(), [&](std::size_t i) { return tokens[i].request; },
-          [&](std::size_t i) { return tokens[i].query; }, plan_.slots, out);
+          [&](std::size_t i) { return tokens[i].query; }, plan_.slots, out, step_weights(layer));
     } else {
       sched_.attend(*this, layer, tokens, out);  // queries and out in the exec's memory
     }
@@ -321,6 +321,16 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   void check_request(std::string_view where, int request) const {
     require(request >= 0 && request < store_->requests(), where, "request", request,
             [&] { return "in [0, " + std::to_string(store_->requests()) + ")"; });
+  }
+  // Where attend() keeps the step's attention probabilities for the schedule, which reads them in
+  // after_attention instead of a second pass over the keys (H2O's running scores,
+  // schedule::evict::state::attention_weights), or null.
+  [[nodiscard]] attention::plan_weights* step_weights(int layer) const {
+    if constexpr (requires { sched_.attention_weights(*this, layer); }) {
+      return sched_.attention_weights(*this, layer);
+    } else {
+      return nullptr;
+    }
   }
   void clear_batch(std::span<const decode_token<element_type>> tokens, std::size_t upto) {
     for (std::size_t j = 0; j <= upto && j < tokens.size(); ++j) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <kvsift/attention/reference.hpp>
 #include <kvsift/cpu/attention_rows.hpp>
 #include <kvsift/cpu/parallel.hpp>
 #include <kvsift/score/context.hpp>
@@ -16,7 +17,9 @@ namespace kvsift::score {
 // default mean). Decode: the scorer keeps a running score per resident
 // slot; `observe` adds a step's attention over the slots it read (the new token starts with its
 // own), and `compact` follows the store's compaction. Stateful: one instance per method.
-// Cost: prefill O(n^2 d) per query head (every prompt query), decode O(|plan| d).
+// Cost: prefill O(n^2 d) per query head (every prompt query); decode O(|plan| d) with `observe`
+// (a second pass over the keys), O(|plan| G) with `observe_weights` (the probabilities the step's
+// attention kept: method::attend's, schedule::evict).
 struct cumulative_attention {
   using kvsift_role = scorer_tag;
   static constexpr hooks kvsift_hooks{.observe = true, .compact = true, .reset = true};
@@ -75,39 +78,33 @@ struct cumulative_attention {
   // Adds the attention of one decode query ([q_heads, d]) over the slots it read to their running
   // scores; slots the scorer has not seen yet (the new token) start at 0 before the addition.
   // The request's KV heads are segments first_segment .. first_segment + kv_heads - 1 of `plan`
-  // (a batch's plan holds every request's heads in turn).
+  // (a batch's plan holds every request's heads in turn). A second pass over the plan's keys: an
+  // engine that attended with its own kernel has no probabilities to hand over.
   template <class Store>
   void observe(const Store& store, int request, int layer, const float* q,
                const index_sets& plan, int first_segment = 0) {
     const model_shape& sh = store.shape();
     const int G = sh.group_size();
     const int d = sh.head_dim;
-    // The map's entries first (an insertion is not thread-safe), then the KV heads in parallel:
-    // each head adds to its own running scores only, in the same order as one thread would.
-    observed_.resize(static_cast<std::size_t>(sh.kv_heads));
-    for (int h = 0; h < sh.kv_heads; ++h) {
+    add_step(store, request, layer, plan, first_segment, [&](int h, std::span<float> rows) {
       const auto seq = sh.sequence(request, layer, h);
-      auto& run = running_[seq];
-      run.resize(static_cast<std::size_t>(store.length(seq)), 0.0f);
-      observed_[h] = &run;
-    }
-    const std::int64_t work = static_cast<std::int64_t>(plan.size(first_segment)) * G * d;
-    cpu::parallel_for(sh.kv_heads, [&](std::int64_t h64) {
-      const int h = static_cast<int>(h64);
-      const auto seq = sh.sequence(request, layer, h);
-      auto& run = *observed_[h];
-      const auto slots = plan[first_segment + h];
-      thread_local std::vector<float> rows, reduced;  // scratch: nothing allocated once warm
-      rows.resize(static_cast<std::size_t>(G) * slots.size());
-      reduced.resize(slots.size());
       // every query head of the group in one pass over the keys, in dot's exact bits
-      cpu::attention_rows_over(store, seq, q + static_cast<std::size_t>(h) * G * d, G, slots,
-                               rows);
-      cpu::reduce_group(rows, G, reduced, p.gqa);
-      for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
-    }, cpu::par, work);
+      cpu::attention_rows_over(store, seq, q + static_cast<std::size_t>(h) * G * d, G,
+                               plan[first_segment + h], rows);
+    });
   }
 
+  // observe without the second pass: the probabilities the step's own attention kept
+  // (attention::attend_plan_batch with weights over the same plan), equal bit for bit to what
+  // observe derives, so the running scores are the same.
+  template <class Store>
+  void observe_weights(const Store& store, int request, int layer, const index_sets& plan,
+                       const attention::plan_weights& weights, int first_segment = 0) {
+    add_step(store, request, layer, plan, first_segment, [&](int h, std::span<float> rows) {
+      const auto w = weights.segment(first_segment + h);
+      std::copy(w.begin(), w.end(), rows.begin());
+    });
+  }
   // The store kept `kept[h]` of each head: keep the matching running scores.
   template <class Store>
   void compact(const Store& store, int request, int layer, const index_sets& kept) {
@@ -135,6 +132,37 @@ struct cumulative_attention {
   }
 
  private:
+  // Adds a step's GQA-reduced probabilities to the running scores of the request's KV heads:
+  // probs(h, rows) fills rows [G, plan[first_segment + h].size()] with head h's probabilities.
+  // The map's entries first (an insertion is not thread-safe), then the KV heads in parallel: each
+  // head adds to its own running scores only, in the same order as one thread would.
+  template <class Store, class Probs>
+  void add_step(const Store& store, int request, int layer, const index_sets& plan,
+                int first_segment, Probs&& probs) {
+    const model_shape& sh = store.shape();
+    const int G = sh.group_size();
+    observed_.resize(static_cast<std::size_t>(sh.kv_heads));
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      const auto seq = sh.sequence(request, layer, h);
+      auto& run = running_[seq];
+      run.resize(static_cast<std::size_t>(store.length(seq)), 0.0f);
+      observed_[h] = &run;
+    }
+    const std::int64_t work =
+        static_cast<std::int64_t>(plan.size(first_segment)) * G * sh.head_dim;
+    cpu::parallel_for(sh.kv_heads, [&](std::int64_t h64) {
+      const int h = static_cast<int>(h64);
+      auto& run = *observed_[h];
+      const auto slots = plan[first_segment + h];
+      thread_local std::vector<float> rows, reduced;  // scratch: nothing allocated once warm
+      rows.resize(static_cast<std::size_t>(G) * slots.size());
+      reduced.resize(slots.size());
+      probs(h, std::span<float>(rows));
+      cpu::reduce_group(rows, G, reduced, p.gqa);
+      for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
+    }, cpu::par, work);
+  }
+
   std::unordered_map<std::int64_t, std::vector<float>> running_;  // per head-sequence, per slot
   std::vector<std::vector<float>*> observed_;  // scratch of observe: each KV head's running scores
 };

@@ -8,23 +8,26 @@
 //   void grow(seq, new_length), void shrink(seq, new_length).
 //
 // Slots and rows. A head-sequence of n resident tokens occupies the physical rows [0, n) of its
-// memory (no holes: a table of its pages is a valid FlashInfer cache of exactly those tokens).
-// Its slots are the same tokens in position order: slot i is row row(seq, i) (the row map, one
-// int32 per token, kept where the derived store keeps positions, written and read only once the
-// rows are out of order: a store that never reorders pays nothing). Scorers, selectors and plans
-// speak slots; only an export to an engine's kernel speaks rows. Attention is order-free over
-// keys, so rows need no order. retain picks the cheaper of two ways to close the gaps the
-// released tokens leave:
+// memory, or [0, n + 1) with one released row in them that the next append fills (a pending
+// hole, below): row_extent(seq). Its slots are the same tokens in position order: slot i is row
+// row(seq, i) (the row map, one int32 per token, kept where the derived store keeps positions,
+// written and read only once the rows are out of order: a store that never reorders pays
+// nothing). Scorers, selectors and plans speak slots; only an export to an engine's kernel speaks
+// rows. Attention is order-free over keys, so rows need no order. retain picks the cheapest of
+// three ways to close the gaps the released tokens leave:
 //   compact     shift the kept rows down in order (slot i stays row i): chosen while the rows
 //               are in slot order and it moves at most four times the rows of the other way,
 //               e.g. a prompt's compression or a LagKV round (logical pages stay store pages:
 //               Quest-style page plans export in the pages form; attention keeps reading rows
 //               in address order, which a bulk hole filling would scatter for every later step);
 //   fill holes  move only the kept rows past the new length into the lowest released rows and
-//               rewrite the row numbers: a token evicted from the middle of a window
-//               (StreamingLLM, H2O: one per step) costs one row copy and n int32 writes, not a
-//               shift of everything after it.
-// rows_in_slot_order(seq) says which holds.
+//               rewrite the row numbers;
+//   leave the hole  when one token is released and the only kept row past the new length m is
+//               row m (a decode step's eviction from the middle of a window: StreamingLLM, H2O),
+//               nothing moves: the released row waits, and the next append writes its first
+//               token there. In steady decode a step appends into the row the last step freed
+//               and no resident row is ever copied; only the row map (n int32) is rewritten.
+// rows_in_slot_order(seq) says whether slot i is row i (never while a hole waits).
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/element.hpp>
@@ -69,8 +72,8 @@ class basic_store {
   [[nodiscard]] T* mutable_key(std::int64_t seq, int slot) {
     return self().key_slot(seq, row(seq, slot));
   }
-  // The physical row (in [0, length(seq))) that holds slot `slot`: what an export to an engine's
-  // kernel addresses (store/flashinfer.hpp).
+  // The physical row (in [0, row_extent(seq))) that holds slot `slot`: what an export to an
+  // engine's kernel addresses (store/flashinfer.hpp).
   [[nodiscard]] int row(std::int64_t seq, int slot) const {
     if (ordered_[seq]) [[likely]] return slot;  // in order: no map to read
     return mapped_row(seq, slot);
@@ -78,6 +81,10 @@ class basic_store {
   // Whether slot i is row i for every resident token of seq (true until a retain fills holes
   // out of order; a page plan over the store's own pages needs it).
   [[nodiscard]] bool rows_in_slot_order(std::int64_t seq) const { return ordered_[seq] != 0; }
+  // Rows [0, row_extent(seq)) are the head-sequence's memory in use: its length(seq) resident
+  // tokens and, after a retain that left one (basic.hpp, "Slots and rows"), one released row the
+  // next append fills. An export of a store's pages covers this many rows.
+  [[nodiscard]] int row_extent(std::int64_t seq) const { return extent_[seq]; }
   // Position one past the newest token ever appended to a request's layer (0 after construction
   // or reset). It survives compaction: a retain that releases the newest tokens (StreamingLLM with
   // budget = sink) does not move it back.
@@ -111,7 +118,7 @@ class basic_store {
     });
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto seq = shape_.sequence(request, layer, h);
-      require(self().can_grow(seq, length_[seq] + k.tokens), where, "k.tokens", k.tokens, [&] {
+      require(self().can_grow(seq, grown_extent(seq, k.tokens)), where, "k.tokens", k.tokens, [&] {
         return "room in head-sequence (request " + std::to_string(request) + ", layer " +
                std::to_string(layer) + ", head " + std::to_string(h) + "): " +
                std::to_string(length_[seq]) + " resident of capacity " +
@@ -123,7 +130,7 @@ class basic_store {
       int need = 0;
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto seq = shape_.sequence(request, layer, h);
-        need += self().pages_to_grow(seq, length_[seq] + k.tokens);
+        need += self().pages_to_grow(seq, grown_extent(seq, k.tokens));
       }
       require(need <= self().free_pages(), where, "k.tokens", k.tokens, [&] {
         return "room in the page pool: " + std::to_string(need) +
@@ -134,15 +141,19 @@ class basic_store {
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto seq = shape_.sequence(request, layer, h);
       const int base = length_[seq];
-      self().grow(seq, base + k.tokens);
+      const int extent = extent_[seq];
+      const bool hole = extent > base;  // the first token takes the released row (no move)
+      self().grow(seq, grown_extent(seq, k.tokens));
       for (int t = 0; t < k.tokens; ++t) {
-        std::memcpy(self().key_slot(seq, base + t), k.row(t, h), row_bytes);
-        std::memcpy(self().value_slot(seq, base + t), v.row(t, h), row_bytes);
-        *self().position_slot(seq, base + t) = first_position + t;
-        // rows [0, base) are taken: the next is base (the map is read only once out of order)
-        if (!ordered_[seq]) *self().row_slot(seq, base + t) = base + t;
+        // rows [0, extent) are taken but the hole: the next free row is extent
+        const int r = hole ? (t == 0 ? hole_[seq] : extent + t - 1) : base + t;
+        std::memcpy(self().key_slot(seq, r), k.row(t, h), row_bytes);
+        std::memcpy(self().value_slot(seq, r), v.row(t, h), row_bytes);
+        *self().position_slot(seq, r) = first_position + t;
+        if (!ordered_[seq]) *self().row_slot(seq, base + t) = r;  // read only once out of order
       }
       length_[seq] = base + k.tokens;
+      extent_[seq] = grown_extent(seq, 0);
     }
     next_[static_cast<std::size_t>(request) * shape_.layers + layer] = first_position + k.tokens;
   }
@@ -150,7 +161,8 @@ class basic_store {
   // Keeps, for each KV head h of (request, layer), exactly the slots kept[h] (ascending) and
   // releases the others. Original positions travel with the kept tokens; kept slot i becomes
   // slot i. Rows: a kept token keeps its row unless that row is past the new length, in which
-  // case it moves into the lowest row a released token left free.
+  // case it moves into the lowest row a released token left free — or, when it is the only one
+  // and sits at the new length, stays there, and the next append fills the released row.
   void retain(int request, int layer, const index_sets& kept) {
     constexpr std::string_view where = "store.retain";
     check_request_layer(where, request, layer);
@@ -169,6 +181,7 @@ class basic_store {
       const int n = length_[seq];
       const int m = static_cast<int>(slots.size());
       if (m == n) continue;  // ascending and unique: every slot is kept, nothing moves
+      // (a waiting hole means rows out of order: ordered_ is 0 and the compaction is not taken)
       // Rows still in slot order, and keeping that order (a compaction) moves at most four times
       // the rows filling holes would: compact, so a prompt's compression or a LagKV round leaves
       // logical pages equal to store pages and rows in address order. Otherwise fill holes (one
@@ -184,6 +197,7 @@ class basic_store {
             if (slots[i] != i) move_row(seq, slots[i], i, row_bytes);  // ascending: from > to
           }
           length_[seq] = m;
+          extent_[seq] = m;
           self().shrink(seq, m);
           continue;
         }
@@ -191,12 +205,30 @@ class basic_store {
       // read every kept slot's row before any map entry is overwritten
       kept_rows.resize(static_cast<std::size_t>(m));
       taken.assign(static_cast<std::size_t>(m), 0);
+      int past = 0;        // kept rows at or past m (as many as the free rows below m)
+      bool at_m = false;  // one of them is row m itself
       for (int i = 0; i < m; ++i) {
         const int r = row(seq, slots[i]);
         kept_rows[i] = r;
-        if (r < m) taken[r] = 1;
+        if (r < m) {
+          taken[r] = 1;
+        } else {
+          ++past;
+          at_m = at_m || r == m;
+        }
       }
       int hole = 0;  // the lowest row below m that no kept token holds
+      if (past == 1 && at_m) {
+        // one released row and the newest row at m: leave both, the next append fills the hole
+        while (taken[hole]) ++hole;
+        for (int i = 0; i < m; ++i) *self().row_slot(seq, i) = kept_rows[i];
+        ordered_[seq] = 0;
+        hole_[seq] = hole;
+        length_[seq] = m;
+        extent_[seq] = m + 1;
+        self().shrink(seq, m + 1);
+        continue;
+      }
       bool in_order = true;
       for (int i = 0; i < m; ++i) {
         if (kept_rows[i] >= m) {
@@ -210,6 +242,7 @@ class basic_store {
       }
       ordered_[seq] = in_order ? 1 : 0;
       length_[seq] = m;
+      extent_[seq] = m;
       self().shrink(seq, m);
     }
   }
@@ -223,6 +256,7 @@ class basic_store {
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto seq = shape_.sequence(request, l, h);
         length_[seq] = 0;
+        extent_[seq] = 0;
         ordered_[seq] = 1;
         self().shrink(seq, 0);
       }
@@ -255,6 +289,8 @@ class basic_store {
     check_size(where, "", "[requests x layers x kv_heads] head-sequence lengths", requests,
                shape_.layers, shape_.kv_heads, sizeof(int));
     length_.assign(static_cast<std::size_t>(requests) * shape_.sequences_per_request(), 0);
+    extent_.assign(length_.size(), 0);
+    hole_.assign(length_.size(), 0);
     ordered_.assign(length_.size(), 1);
     next_.assign(static_cast<std::size_t>(requests) * shape_.layers, 0);
   }
@@ -278,10 +314,16 @@ class basic_store {
   model_shape shape_;
   int requests_ = 0;
   std::vector<int> length_;  // [requests * layers * kv_heads] resident tokens per head-sequence
+  std::vector<int> extent_;  // [sequences] rows in use: length_, plus 1 while a hole waits
+  std::vector<int> hole_;    // [sequences] the waiting hole's row (read while extent_ > length_)
   std::vector<std::int32_t> next_;  // [requests * layers] position after the newest appended token
   std::vector<std::uint16_t> ordered_;  // [sequences] slot i is row i for every resident token (not a char type: a char may alias every store, so a char flag is reloaded in every loop that writes)
 
  private:
+  // Rows in use after appending `tokens` more: the first fills a waiting hole.
+  [[nodiscard]] int grown_extent(std::int64_t seq, int tokens) const {
+    return std::max(extent_[seq], length_[seq] + tokens);
+  }
   // Out of line: keeps row() (inlined into every key()/value() of the attention loops) small.
   [[gnu::noinline]] int mapped_row(std::int64_t seq, int slot) const {
     return *self().row_slot(seq, slot);

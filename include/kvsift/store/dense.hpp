@@ -11,9 +11,10 @@ namespace kvsift::store {
 // Dense store: every head-sequence owns `capacity` contiguous slots, laid out
 // [requests, layers, kv_heads, capacity, d] (HND per layer). It owns its memory, or wraps an
 // engine's: `dense(shape, requests, capacity, keys, values)` uses caller memory of that shape
-// without copying. The resident tokens of a head-sequence are its rows [0, n); released rows
-// are free for later appends. Cost: append writes one row per token; retain moves only the kept
-// rows past the new length (basic.hpp, "Slots and rows").
+// without copying. The resident tokens of a head-sequence are its rows [0, n) (and a released row
+// among them that the next append fills: basic.hpp, "Slots and rows"); released rows are free for
+// later appends. Cost: append writes one row per token; retain moves only the kept rows past the
+// new length, none for one token evicted per decode step.
 template <Element T, HostAccessible Space = host_space>
 class dense : public basic_store<dense<T, Space>, T, Space> {
   using base = basic_store<dense<T, Space>, T, Space>;

@@ -80,6 +80,11 @@ struct head_pages {
   // [entries] the row of each slot (store.row(seq, slot)), lengths[s] per entry; empty when
   // every entry's slot i is its row i (no retain reordered them).
   segmented<std::int32_t> rows;
+  // [entries] rows the entry's pages hold (store.row_extent: its tokens, and a released row the
+  // next append fills); empty when every entry's pages hold exactly its tokens.
+  std::vector<std::int32_t> extents;
+
+  [[nodiscard]] int extent(int s) const { return extents.empty() ? lengths[s] : extents[s]; }
 
   [[nodiscard]] int entries() const { return pages.segments(); }
 };
@@ -108,8 +113,18 @@ inline void check_head_pages(const head_pages& hp, std::string_view where) {
   require(static_cast<int>(hp.lengths.size()) == hp.entries(), where, "head_pages.lengths.size",
           hp.lengths.size(),
           [&] { return "one length per entry (" + std::to_string(hp.entries()) + ")"; });
+  require(hp.extents.empty() || static_cast<int>(hp.extents.size()) == hp.entries(), where,
+          "head_pages.extents.size", hp.extents.size(), [&] {
+            return "0 (pages hold the tokens) or one per entry (" + std::to_string(hp.entries()) +
+                   ")";
+          });
   for (int s = 0; s < hp.entries(); ++s) {
-    const std::int64_t need = (static_cast<std::int64_t>(hp.lengths[s]) + hp.page_size - 1) / hp.page_size;
+    require(hp.extent(s) >= hp.lengths[s] && hp.extent(s) <= hp.lengths[s] + 1, where,
+            [s] { return "head_pages.extents[" + std::to_string(s) + "]"; }, hp.extent(s), [&] {
+              return "the entry's length (" + std::to_string(hp.lengths[s]) +
+                     ") or one more (a released row the next append fills)";
+            });
+    const std::int64_t need = (static_cast<std::int64_t>(hp.extent(s)) + hp.page_size - 1) / hp.page_size;
     require(hp.lengths[s] >= 0 && hp.pages.size(s) == need, where,
             [s] { return "head_pages.lengths[" + std::to_string(s) + "]"; }, hp.lengths[s],
             [&] {
@@ -126,9 +141,9 @@ inline void check_head_pages(const head_pages& hp, std::string_view where) {
             [s] { return "head_pages.rows[" + std::to_string(s) + "].size"; }, hp.rows.size(s),
             [&] { return "the entry's length (" + std::to_string(hp.lengths[s]) + ")"; });
     for (const auto r : hp.rows[s]) {
-      require(r >= 0 && r < hp.lengths[s], where,
+      require(r >= 0 && r < hp.extent(s), where,
               [s] { return "head_pages.rows[" + std::to_string(s) + "]"; }, r,
-              [&] { return "a row in [0, " + std::to_string(hp.lengths[s]) + ")"; });
+              [&] { return "a row in [0, " + std::to_string(hp.extent(s)) + ")"; });
     }
   }
 }
@@ -169,15 +184,20 @@ template <Element T, HostAccessible Space>
   hp.pages.offsets.reserve(requests.size() * sh.kv_heads + 1);
   hp.lengths.reserve(requests.size() * sh.kv_heads);
   bool in_order = true;
+  bool holes = false;
   for (const int r : requests) {
     const auto t = store.page_table(r, layer);
     for (int h = 0; h < sh.kv_heads; ++h) {
       hp.pages.push_back(std::span<const std::int32_t>(t.indices.data() + t.indptr[h],
                                                        static_cast<std::size_t>(t.indptr[h + 1] - t.indptr[h])));
-      hp.lengths.push_back(store.length(r, layer, h));
-      in_order = in_order && store.rows_in_slot_order(sh.sequence(r, layer, h));
+      const auto seq = sh.sequence(r, layer, h);
+      hp.lengths.push_back(store.length(seq));
+      hp.extents.push_back(store.row_extent(seq));
+      holes = holes || store.row_extent(seq) != store.length(seq);
+      in_order = in_order && store.rows_in_slot_order(seq);
     }
   }
+  if (!holes) hp.extents.clear();  // pages hold exactly the tokens (what the Thrust export reads)
   if (in_order) return hp;
   std::vector<std::int32_t> rows;
   for (const int r : requests) {

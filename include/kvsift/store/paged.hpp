@@ -15,11 +15,12 @@ namespace kvsift::store {
 // KV head of one layer of one request) owns a list of pages, so per-head compression really
 // returns pages to the pool. Pages are [page_size, d] for keys and for values.
 // `page_table(request, layer)` exports the per-KV-head block table in FlashInfer's CSR form: the
-// pages of a head-sequence of n tokens hold exactly its n resident rows (rows [0, n), every page
-// full but the last), in row order, which is position order until a retain reorders them
-// (`row(seq, slot)` maps a slot to its row; attention over the table is order-free).
-// Cost: retain moves only the kept rows past the new length into released rows, then frees every
-// page past the new length (basic.hpp, "Slots and rows").
+// pages of a head-sequence hold its rows [0, row_extent) (its n resident tokens, and between a
+// decode step's eviction and the next append one released row: basic.hpp, "Slots and rows"),
+// every page full but the last, in row order, which is position order until a retain reorders
+// them (`row(seq, slot)` maps a slot to its row; attention over the table is order-free).
+// Cost: retain moves only the kept rows past the new length into released rows (none for one
+// token evicted per step), then frees every page past the rows in use.
 template <Element T, HostAccessible Space = host_space>
 class paged : public basic_store<paged<T, Space>, T, Space> {
   using base = basic_store<paged<T, Space>, T, Space>;
@@ -98,7 +99,7 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
       const auto& pl = pages_[seq];
       t.indices.insert(t.indices.end(), pl.begin(), pl.end());
       t.indptr.push_back(static_cast<std::int32_t>(t.indices.size()));
-      const int n = this->length_[seq];
+      const int n = this->extent_[seq];  // rows in the pages: a waiting hole's row included
       t.last_page_len.push_back(n == 0 ? 0 : n - (static_cast<int>(pl.size()) - 1) * page_size_);
     }
     return t;

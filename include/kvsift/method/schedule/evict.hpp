@@ -6,14 +6,17 @@
 //   prefill   appends every chunk; a round for the requests whose chunk is `last` (and, between
 //             chunks, for those whose trigger fires: LagKV)
 //   decode    appends each request's token; the plan reads every resident token
-//   after     the scorer observes the step's attention (H2O), the step's query joins the
-//             history, and a round runs where the trigger fires (StreamingLLM, H2O, LagKV)
+//   after     the scorer observes the step's attention (H2O: the probabilities method::attend
+//             kept, attention_weights(); a second pass over the keys only where the engine
+//             attended with its own kernel), the step's query joins the history, and a round runs
+//             where the trigger fires (StreamingLLM, H2O, LagKV)
 //
 // A round of a layer of a ragged batch: Scorer -> Budgeter -> Selector -> the store's retain(),
 // which compacts each head-sequence in place so memory is really reclaimed; a progressive
 // budgeter (DynamicKV) may then shrink layers already compressed. A selector declaring
 // `keeps_everything` (full KV) runs no round at all.
 
+#include <kvsift/attention/reference.hpp>
 #include <kvsift/budget/progressive.hpp>
 #include <kvsift/concepts.hpp>
 #include <kvsift/method/composition.hpp>
@@ -168,6 +171,12 @@ class schedule::evict::state : public detail::one_tier<Store> {
   static constexpr hooks scorer_hooks = hooks_of<Scorer>;
   static constexpr hooks selector_hooks = hooks_of<Selector>;
   static constexpr hooks budgeter_hooks = hooks_of<Budgeter>;
+  // The scorer adds the probabilities the step's attention kept (H2O), not only a recomputation.
+  static constexpr bool observes_weights =
+      scorer_hooks.observe && requires(Scorer& s, const Store& st, const index_sets& plan,
+                                       const attention::plan_weights& w) {
+        s.observe_weights(st, 0, 0, plan, w, 0);
+      };
   using base::layer_budgets_;
   using base::refreshes_;
   using base::steps_;
@@ -240,8 +249,20 @@ class schedule::evict::state : public detail::one_tier<Store> {
 
   template <class M>
   void decode(M& m, int layer, std::span<const decode_token<T>> tokens, attention_plan& plan) {
+    weights_.offsets.clear();  // none kept for this step until attend() runs
     this->append_tokens(m, layer, tokens);
     this->plan_everything(m, layer, plan);
+  }
+
+  // Where method::attend keeps the step's attention probabilities for after_attention (a scorer
+  // that observes, on a compressed layer), or null: the attention computes them anyway, so the
+  // running scores need no second pass over the keys. A cache of the pending step, hence mutable.
+  template <class M>
+  [[nodiscard]] attention::plan_weights* attention_weights(const M& m, int layer) const {
+    if constexpr (observes_weights) {
+      if (layer >= m.parameters().dense_layers) return &weights_;
+    }
+    return nullptr;
   }
 
   template <class M>
@@ -249,9 +270,19 @@ class schedule::evict::state : public detail::one_tier<Store> {
     if (layer < m.parameters().dense_layers) return;
     const auto& sh = m.store().shape();
     if constexpr (scorer_hooks.observe) {
+      // attend() kept every (token, KV head)'s probabilities, or the engine used its own kernel
+      const bool kept = weights_.offsets.size() == tokens.size() * sh.kv_heads + 1;
       for (std::size_t i = 0; i < tokens.size(); ++i) {
-        m.parts().scorer.observe(m.store(), tokens[i].request, layer, tokens[i].query, m.plan().slots,
-                                 static_cast<int>(i) * sh.kv_heads);
+        const int first = static_cast<int>(i) * sh.kv_heads;
+        if constexpr (observes_weights) {
+          if (kept) {
+            m.parts().scorer.observe_weights(m.store(), tokens[i].request, layer, m.plan().slots,
+                                             weights_, first);
+            continue;
+          }
+        }
+        m.parts().scorer.observe(m.store(), tokens[i].request, layer, tokens[i].query,
+                                 m.plan().slots, first);
       }
     }
     batch_.clear();
@@ -355,6 +386,7 @@ class schedule::evict::state : public detail::one_tier<Store> {
   index_sets kept_;
   std::vector<budget_revision> revisions_;  // a progressive budgeter's orders after a round
   std::vector<int> batch_, lengths_;        // scratch: after_attention's batch, a round's lengths
+  mutable attention::plan_weights weights_;  // the pending step's attention (attention_weights)
 };
 
 }  // namespace kvsift
