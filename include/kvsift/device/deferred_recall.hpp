@@ -208,7 +208,7 @@ struct follower_targets_fn {
 
 namespace kvsift {
 
-template <Element T, thrust::SimExec E, class Recipe>
+template <Element T, thrust::DeviceExec E, class Recipe>
   requires std::is_same_v<typename Recipe::roles, roles::clusters>
 class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   using Store = thrust::tiered_store<T, E>;
@@ -692,7 +692,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
 };
 
 // SyncKV over a device two-tier store on a device exec.
-template <Element T, thrust::SimExec E>
+template <Element T, thrust::DeviceExec E>
 using synckv_on = method<thrust::tiered_store<T, E>, synckv_recipe, E>;
 
 }  // namespace kvsift

@@ -157,7 +157,7 @@ struct scatter_column_fn {
 // (method::query_history's device twin, with its rules: keep > 0 the newest `keep`, -1 every
 // row; rows continue the buffered ones or the buffer restarts). A slot holds up to 2 * keep rows
 // (every prompt row for keep = -1) and slides when full, so an append moves at most `keep` rows.
-template <SimExec E>
+template <DeviceExec E>
 class device_query_history {
  public:
   device_query_history(const E& e, std::size_t slots, int keep, int capacity, int q_heads, int dim)
@@ -233,7 +233,7 @@ class device_query_history {
 
 namespace kvsift {
 
-template <Element T, thrust::SimExec E, class Recipe>
+template <Element T, thrust::DeviceExec E, class Recipe>
 class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
     : public detail::device_one_tier<T, E> {
   using Store = thrust::dense_store<T, E>;

@@ -72,7 +72,7 @@ struct plan_every_slot_fn {
 
 namespace kvsift::detail {
 
-template <Element T, thrust::SimExec E>
+template <Element T, thrust::DeviceExec E>
 class device_one_tier : public one_tier<thrust::dense_store<T, E>> {
  protected:
   using Store = thrust::dense_store<T, E>;

@@ -56,7 +56,7 @@ struct every_page_fn {
 
 namespace kvsift {
 
-template <Element T, thrust::SimExec E, class Recipe>
+template <Element T, thrust::DeviceExec E, class Recipe>
 class schedule::sparse_read::state<thrust::dense_store<T, E>, Recipe>
     : public detail::device_one_tier<T, E> {
   using Store = thrust::dense_store<T, E>;

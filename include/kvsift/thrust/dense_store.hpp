@@ -139,7 +139,7 @@ struct set_lengths_fn {
 
 }  // namespace detail
 
-template <Element T, SimExec E>
+template <Element T, DeviceExec E>
 class dense_store {
  public:
   using element_type = T;

@@ -41,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -66,19 +67,37 @@ struct sim_counters {
   friend bool operator==(const sim_counters&, const sim_counters&) = default;
 };
 
-class sim_arena;
+class device_arena;
 
-// The allocator exec::sim attaches to Thrust's policy (`par(alloc)`): Thrust's temporary
+// The allocator a device exec attaches to Thrust's policy (`par(alloc)`): Thrust's temporary
 // storage (sort scratch, scan partials) comes from the arena and goes back to its cache.
-struct sim_allocator {
+struct arena_allocator {
   using value_type = char;
-  sim_arena* arena = nullptr;
+  device_arena* arena = nullptr;
   char* allocate(std::size_t n);
   void deallocate(char* p, std::size_t n) noexcept;
-  friend bool operator==(const sim_allocator&, const sim_allocator&) = default;
+  friend bool operator==(const arena_allocator&, const arena_allocator&) = default;
 };
+using sim_allocator = arena_allocator;
 
-// The simulated device's memory: allocations, a cache of freed blocks, and counters.
+// Where an arena's blocks come from: the system's allocate / release of `alignment`-aligned
+// blocks. host_backing() (aligned operator new) is exec::sim's; exec::cuda's is cudaMalloc /
+// cudaFree (cuda/exec.cuh).
+struct memory_backing {
+  void* (*allocate)(std::size_t bytes);  // throws on failure
+  void (*release)(void* p) noexcept;
+};
+inline constexpr std::size_t arena_alignment = 256;  // CUDA's allocation alignment
+namespace detail {
+inline void* host_allocate(std::size_t bytes) {
+  return ::operator new(bytes, std::align_val_t{arena_alignment});
+}
+inline void host_release(void* p) noexcept { ::operator delete(p, std::align_val_t{arena_alignment}); }
+}  // namespace detail
+inline memory_backing host_backing() { return {&detail::host_allocate, &detail::host_release}; }
+
+// A device's memory: allocations, a cache of freed blocks, and counters (exec::sim's over host
+// memory; exec::cuda's over cudaMalloc).
 //
 // Cache: a freed block is kept under its size (rounded up to 256 bytes) and handed out again
 // only for a request of that same rounded size, so the same sequence of requests (a decode step
@@ -88,19 +107,20 @@ struct sim_allocator {
 // (a freed block that would pass it goes back to the system at once). trim() empties the cache.
 // Not copyable or movable: policies and buffers point at it, and it must outlive them.
 // Thread-safe (a mutex): OpenMP code may allocate from any thread.
-class sim_arena {
+class device_arena {
  public:
-  static constexpr std::size_t alignment = 256;  // CUDA's allocation alignment
+  static constexpr std::size_t alignment = arena_alignment;
   static constexpr std::size_t default_max_cached_bytes = std::size_t{1} << 30;
 
-  explicit sim_arena(std::size_t max_cached_bytes = default_max_cached_bytes)
-      : max_cached_bytes_(max_cached_bytes) {}
-  sim_arena(const sim_arena&) = delete;
-  sim_arena& operator=(const sim_arena&) = delete;
-  ~sim_arena() {
+  explicit device_arena(std::size_t max_cached_bytes = default_max_cached_bytes,
+                        memory_backing backing = host_backing())
+      : max_cached_bytes_(max_cached_bytes), backing_(backing) {}
+  device_arena(const device_arena&) = delete;
+  device_arena& operator=(const device_arena&) = delete;
+  ~device_arena() {
     trim();
     if (!live_.empty()) {  // a buffer or a Thrust temporary outlived its arena
-      std::fputs("kvsift::thrust::sim_arena: destroyed with blocks still live\n", stderr);
+      std::fputs("kvsift::thrust::device_arena: destroyed with blocks still live\n", stderr);
       std::terminate();
     }
   }
@@ -117,7 +137,7 @@ class sim_arena {
       cached_bytes_ -= size;
       ++counters_.cache_hits;
     } else {
-      p = ::operator new(size, std::align_val_t{alignment});
+      p = backing_.allocate(size);
       ++counters_.allocations;
       counters_.allocated_bytes += static_cast<std::int64_t>(size);
     }
@@ -133,7 +153,7 @@ class sim_arena {
     const std::lock_guard<std::mutex> lock(mutex_);
     const auto it = live_.find(p);
     if (it == live_.end()) {
-      std::fputs("kvsift::thrust::sim_arena: deallocate of a block it does not own\n", stderr);
+      std::fputs("kvsift::thrust::device_arena: deallocate of a block it does not own\n", stderr);
       std::terminate();
     }
     const std::size_t size = it->second;
@@ -143,14 +163,14 @@ class sim_arena {
       cache_.emplace(size, p);
       cached_bytes_ += size;
     } else {
-      ::operator delete(p, std::align_val_t{alignment});
+      backing_.release(p);
     }
   }
 
   // Releases every cached block to the system (live blocks are untouched).
   void trim() noexcept {
     const std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [size, p] : cache_) ::operator delete(p, std::align_val_t{alignment});
+    for (const auto& [size, p] : cache_) backing_.release(p);
     cache_.clear();
     cached_bytes_ = 0;
   }
@@ -174,7 +194,7 @@ class sim_arena {
   }
   [[nodiscard]] std::size_t max_cached_bytes() const { return max_cached_bytes_; }
 
-  [[nodiscard]] sim_allocator allocator() { return sim_allocator{this}; }
+  [[nodiscard]] arena_allocator allocator() { return arena_allocator{this}; }
 
   // For copy_to_host / copy_to_device, which perform the copies these count.
   void count_d2h(std::size_t bytes) {
@@ -195,6 +215,7 @@ class sim_arena {
 
   mutable std::mutex mutex_;
   std::size_t max_cached_bytes_;
+  memory_backing backing_;
   std::multimap<std::size_t, void*> cache_;    // rounded size -> free block
   std::unordered_map<void*, std::size_t> live_;  // block -> rounded size
   std::size_t cached_bytes_ = 0;
@@ -202,10 +223,13 @@ class sim_arena {
   sim_counters counters_{};
 };
 
-inline char* sim_allocator::allocate(std::size_t n) {
+// exec::sim's arena: a device_arena over host memory (host_backing()).
+using sim_arena = device_arena;
+
+inline char* arena_allocator::allocate(std::size_t n) {
   return static_cast<char*>(arena->allocate(n));
 }
-inline void sim_allocator::deallocate(char* p, std::size_t) noexcept { arena->deallocate(p); }
+inline void arena_allocator::deallocate(char* p, std::size_t) noexcept { arena->deallocate(p); }
 
 namespace detail {
 
@@ -247,6 +271,13 @@ struct sim {
   [[nodiscard]] auto policy() const {
     return kvsift::thrust::detail::sim_system<System>::par(arena_->allocator());
   }
+  // The copies copy_to_device / copy_to_host perform (and count): plain host memory copies.
+  void h2d(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void d2h(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
 
  private:
   kvsift::thrust::sim_arena* arena_;
@@ -259,17 +290,30 @@ using sim_omp = sim<::thrust::system::omp::tag>;  // run it only where OpenMP is
 
 namespace kvsift::thrust {
 
-// An exec whose memory a sim_arena owns (exec::sim).
+// A device exec: its memory is a device_arena's (not host-accessible), Thrust runs on its
+// policy(), and host code reaches its memory only through its h2d / d2h copies (which
+// copy_to_device / copy_to_host count). exec::sim (here) and exec::cuda (cuda/exec.cuh). The
+// device states (device/*.hpp), stores and buffers are written against this concept.
 template <class E>
-concept SimExec = Exec<E> && requires(const E& e) {
-  { e.arena() } -> std::same_as<sim_arena&>;
-};
+concept DeviceExec = Exec<E> && !E::host_visible &&
+                     requires(const E& e, void* dst, const void* src, std::size_t n) {
+                       { e.arena() } -> std::same_as<device_arena&>;
+                       e.policy();
+                       e.h2d(dst, src, n);
+                       e.d2h(dst, src, n);
+                     };
+
+// A simulated device exec (exec::sim): a DeviceExec whose memory is host memory tagged
+// sim_space, so Thrust's CPP/OMP systems run over it on a CPU-only machine.
+template <class E>
+concept SimExec = DeviceExec<E> && requires { typename E::system; } &&
+                  std::same_as<typename E::memory_space, sim_space<typename E::system>>;
 
 // An owning array of `size` T in E's memory, allocated once through E's arena at construction
 // (size fixed; contents uninitialised, as device memory is) and returned to the arena's cache
 // when destroyed. data() is E's memory: pass it to Thrust algorithms run on E's policy; host
 // code reads and writes it only through copy_to_host / copy_to_device. Move-only.
-template <class T, SimExec E>
+template <class T, DeviceExec E>
   requires std::is_trivially_copyable_v<T>
 class buffer {
  public:
@@ -304,7 +348,7 @@ class buffer {
   [[nodiscard]] const T* data() const { return data_; }
   [[nodiscard]] std::size_t size() const { return size_; }
   [[nodiscard]] std::size_t bytes() const { return size_ * sizeof(T); }
-  [[nodiscard]] sim_arena& arena() const { return *arena_; }
+  [[nodiscard]] device_arena& arena() const { return *arena_; }
 
  private:
   void release() noexcept {
@@ -312,14 +356,14 @@ class buffer {
     data_ = nullptr;
   }
 
-  sim_arena* arena_;
+  device_arena* arena_;
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };
 
 // Host-to-device: writes src into dst[0, src.size()) (src.size() <= dst.size()); one counted
 // H2D write of src.size() * sizeof(T) bytes on exec's arena, which must be dst's.
-template <class T, SimExec E>
+template <class T, DeviceExec E>
 void copy_to_device(const E& exec, std::type_identity_t<std::span<const T>> src,
                     buffer<T, E>& dst) {
   constexpr std::string_view where = "thrust::copy_to_device";
@@ -327,30 +371,30 @@ void copy_to_device(const E& exec, std::type_identity_t<std::span<const T>> src,
   require(src.size() <= dst.size(), where, "src.size()", src.size(),
           [&] { return "<= dst.size() = " + std::to_string(dst.size()); });
   exec.arena().count_h2d(src.size_bytes());
-  std::copy_n(src.data(), src.size(), dst.data());
+  exec.h2d(dst.data(), src.data(), src.size_bytes());
 }
 
 // Device-to-host: reads src[0, dst.size()) into dst (dst.size() <= src.size()); one counted
 // D2H read of dst.size() * sizeof(T) bytes on exec's arena, which must be src's.
-template <class T, SimExec E>
+template <class T, DeviceExec E>
 void copy_to_host(const E& exec, const buffer<T, E>& src, std::type_identity_t<std::span<T>> dst) {
   constexpr std::string_view where = "thrust::copy_to_host";
   require(&exec.arena() == &src.arena(), where, "exec", "another arena", "src's arena");
   require(dst.size() <= src.size(), where, "dst.size()", dst.size(),
           [&] { return "<= src.size() = " + std::to_string(src.size()); });
   exec.arena().count_d2h(dst.size_bytes());
-  std::copy_n(src.data(), dst.size(), dst.data());
+  exec.d2h(dst.data(), src.data(), dst.size_bytes());
 }
 
 // Device-to-host from E memory a buffer does not own (a plan's slots, a store's positions):
 // reads src[0, dst.size()) into dst; one counted D2H read on exec's arena. `src` must be E
 // memory of that arena, dst.size() elements long at least (not checkable from a raw pointer).
-template <class T, SimExec E>
+template <class T, DeviceExec E>
 void copy_to_host(const E& exec, const T* src, std::type_identity_t<std::span<T>> dst) {
   require(src != nullptr || dst.empty(), "thrust::copy_to_host", "src", "null",
           "E memory holding dst.size() elements");
   exec.arena().count_d2h(dst.size_bytes());
-  std::copy_n(src, dst.size(), dst.data());
+  exec.d2h(dst.data(), src, dst.size_bytes());
 }
 
 }  // namespace kvsift::thrust

@@ -553,7 +553,7 @@ struct plan_pack_fn {
 
 }  // namespace detail
 
-template <Element T, SimExec E>
+template <Element T, DeviceExec E>
 class tiered_store {
  public:
   using element_type = T;
