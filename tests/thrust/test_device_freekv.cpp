@@ -450,17 +450,21 @@ TEMPLATE_LIST_TEST_CASE("device freekv: no room in the device tier is refused up
   using space = typename E::memory_space;
   buffer<float, E> kv(e, static_cast<std::size_t>(30) * 4 * 16);
   ::thrust::fill_n(e.policy(), kv.data(), kv.size(), 0.5f);
-  const auto view = kvsift::kv_view<const float, nhd, space>::contiguous(kv.data(), 30, 4, 16);
-  REQUIRE_THROWS_WITH(dm.prefill(0, typename kvsift::freekv_on<float, E>::chunk_type{0, view, view, {}, 0, true}),
-                      Catch::Matchers::ContainsSubstring("device tier"));
+  // two chunks in one call: 20 tokens fit, 20 + 10 do not; the first is not appended either
+  using chunk = typename kvsift::freekv_on<float, E>::chunk_type;
+  const auto v20 = kvsift::kv_view<const float, nhd, space>::contiguous(kv.data(), 20, 4, 16);
+  const auto v10 = kvsift::kv_view<const float, nhd, space>::contiguous(kv.data(), 10, 4, 16);
+  const std::vector<chunk> chunks{{0, v20, v20, {}, 0, false}, {0, v10, v10, {}, 20, true}};
+  REQUIRE_THROWS_WITH(dm.prefill(0, chunks), Catch::Matchers::ContainsSubstring("device tier"));
   CHECK(ds.host_length(0, 0) == 0);
   CHECK(ds.resident_tokens() == 0);
   // a 24-token prompt fits; its first step needs 25 rows
   const auto v24 = kvsift::kv_view<const float, nhd, space>::contiguous(kv.data(), 24, 4, 16);
-  dm.prefill(0, typename kvsift::freekv_on<float, E>::chunk_type{0, v24, v24, {}, 0, true});
+  dm.prefill(0, chunk{0, v24, v24, {}, 0, true});
   CHECK(ds.resident_tokens() == 4 * 24);
   const kvsift::decode_token<float> tok{0, kv.data(), kv.data(), kv.data()};
   REQUIRE_THROWS_WITH(dm.decode(0, tok), Catch::Matchers::ContainsSubstring("device tier"));
+  CHECK(dm.step(0, 0) == 0);
   CHECK(ds.host_length(0, 0) == 24);
   CHECK(ds.resident_tokens() == 4 * 24);
   ds.verify();
