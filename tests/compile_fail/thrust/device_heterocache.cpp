@@ -1,17 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// schedule::deferred_recall's device state (device/deferred_recall.hpp) runs SyncKV's
-// roles::clusters only: HeteroCache (roles::stars) over a thrust::tiered_store says so.
-// expect-error: HeteroCache's roles::stars has no device state yet
-#include <kvsift/device/deferred_recall.hpp>
+// HeteroCache's schedule (deferred_recall) has two tiers: over a one-tier device store
+// (thrust::dense_store) method<> says it needs a two-tier one (thrust::tiered_store on a device
+// exec: device/deferred_recall_stars.hpp, kvsift::heterocache_on<T, E>).
+// expect-error: a two-tier schedule \(deferred_recall, speculative\) needs a two-tier store
+#include <kvsift/device/all.hpp>
 #include <kvsift/method/heterocache.hpp>
 
-using store = kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp>;
+using store = kvsift::thrust::dense_store<float, kvsift::exec::sim_cpp>;
 using bad = kvsift::method<store, kvsift::heterocache_recipe, kvsift::exec::sim_cpp>;
 
 int main() {
   kvsift::thrust::sim_arena arena;
   kvsift::exec::sim_cpp e{arena};
-  store st(e, kvsift::model_shape{}, 1, 16, 16);
+  store st(e, kvsift::model_shape{}, 1, 16);
   bad m(st);
   (void)m;
 }
