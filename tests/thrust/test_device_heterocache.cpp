@@ -114,10 +114,18 @@ void check_heads(const HM& hm, const DM& dm, int r, int l) {
   }
 }
 
+// Fixed budgets instead of budget::inverse_stability's: base 10 and per-head caps (a full-KV
+// head's cap is not used; caps above n are cut to n).
+kvsift::heterocache_recipe::params fixed_params_of(int window, double tau_drift) {
+  auto p = params_of(window, tau_drift);
+  p.fixed = kvsift::heterocache_recipe::fixed_budget{10, {99, 8, 14, 6, 99, 9, 99, 99, 99, 50, 99, 7}};
+  return p;
+}
+
 template <class T, class E>
-void run_pair(int window, double tau, std::uint32_t seed) {
-  const auto params = params_of(window, tau);
-  INFO("window " << window << " tau " << tau << " seed " << seed);
+void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
+  const auto params = fixed ? fixed_params_of(window, tau) : params_of(window, tau);
+  INFO("window " << window << " tau " << tau << " seed " << seed << (fixed ? " fixed budgets" : ""));
   sim_arena engine_arena, arena;
   const E engine{engine_arena}, e{arena};
   std::mt19937 rng(seed);
@@ -332,6 +340,11 @@ TEMPLATE_LIST_TEST_CASE("device heterocache: method<thrust::tiered_store> on exe
       }
     }
   }
+}
+
+TEMPLATE_LIST_TEST_CASE("device heterocache: fixed budgets, as on the host",
+                        "[thrust][method][heterocache]", device_execs) {
+  run_pair<float, TestType>(2, 0.3, 43u, /*fixed=*/true);
 }
 
 // The lazy copy queue: a drift check after step t records the satellites' next prompt parts;

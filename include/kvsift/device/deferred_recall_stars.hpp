@@ -245,7 +245,7 @@ struct stars_targets_fn {
 
 namespace kvsift {
 
-template <Element T, thrust::SimExec E, class Recipe>
+template <Element T, thrust::DeviceExec E, class Recipe>
   requires std::is_same_v<typename Recipe::roles, roles::stars>
 class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   using Store = thrust::tiered_store<T, E>;
@@ -854,7 +854,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
 };
 
 // HeteroCache over a device two-tier store on a device exec.
-template <Element T, thrust::SimExec E>
+template <Element T, thrust::DeviceExec E>
 using heterocache_on = method<thrust::tiered_store<T, E>, heterocache_recipe, E>;
 
 }  // namespace kvsift
