@@ -88,6 +88,19 @@ std::vector<std::int32_t> offsets_of(const kvsift::index_sets& s) {
   return std::vector<std::int32_t>(s.offsets.begin(), s.offsets.end());
 }
 
+// Every head-sequence's working set holds the same positions on both (the device's plan order is
+// by position, as store::tiered's slots).
+template <class T, class E>
+void check_working_sets(const kvsift::store::tiered<T>& hs, const kvsift::thrust::tiered_store<T, E>& ds) {
+  for (std::int64_t seq = 0; seq < ds.sequences(); ++seq) {
+    INFO("head-sequence " << seq);
+    REQUIRE(ds.length(seq) == hs.length(seq));
+    std::vector<std::int32_t> want;
+    for (int i = 0; i < hs.length(seq); ++i) want.push_back(hs.position(seq, i));
+    CHECK(peek(ds.plan_positions() + seq * ds.tier_capacity(), ds.length(seq)) == want);
+  }
+}
+
 // Each request's query per layer drifts: q_t = 0.8 q_{t-1} + 0.6 noise (a group-mean cosine
 // around 0.8, the trigger's threshold), so some heads correct and others reuse.
 struct drifting_queries {
@@ -120,15 +133,15 @@ void run_pair(std::uint32_t seed, int dense_layers) {
   drifting_queries queries(rng);
 
   // A prompt for request r: `n` tokens in 1-3 chunks; the chunks carry their newest queries,
-  // but the last chunk carries none one time in three (FreeKV then places sink and window).
-  const auto prefill = [&](int r, int n) {
+  // but the last chunk carries none when `last_queries` is false (FreeKV then places sink and
+  // window).
+  const auto prefill = [&](int r, int n, bool last_queries) {
     const auto k = random_array<T>(rng, static_cast<std::size_t>(shape.layers) * n * H * d);
     const auto v = random_array<T>(rng, k.size());
     const auto q = random_array<float>(rng, static_cast<std::size_t>(shape.layers) * n * Q * d);
     twin<T, E> kd(engine, k), vd(engine, v);
     twin<float, E> qd(engine, q);
     const int pieces = 1 + static_cast<int>(rng() % 3);
-    const bool last_queries = rng() % 3 != 0;
     for (int l = 0; l < shape.layers; ++l) {
       int at = 0;
       for (int p = 0; p < pieces && at < n; ++p) {
@@ -153,9 +166,11 @@ void run_pair(std::uint32_t seed, int dense_layers) {
       }
     }
   };
-  for (int r = 0; r < requests; ++r) prefill(r, 14 + static_cast<int>(rng() % 31));
+  // request 0 over the budget without a query at its end, the others random
+  prefill(0, 33 + static_cast<int>(rng() % 12), false);
+  for (int r = 1; r < requests; ++r) prefill(r, 14 + static_cast<int>(rng() % 31), rng() % 3 != 0);
   ds.check();
-  CHECK(ds.resident_tokens() == hs.resident_tokens());
+  check_working_sets(hs, ds);
 
   buffer<float, E> out_d(engine, static_cast<std::size_t>(requests) * Q * d);
   std::vector<float> out_h(out_d.size());
@@ -164,7 +179,8 @@ void run_pair(std::uint32_t seed, int dense_layers) {
     if (step == 9) {  // continuous batching: request 1 ends, a new prompt takes its slot
       hm.reset(1);
       dm.reset(1);
-      prefill(1, 12 + static_cast<int>(rng() % 30));
+      prefill(1, 12 + static_cast<int>(rng() % 30), rng() % 3 != 0);
+      check_working_sets(hs, ds);
     }
     std::vector<int> batch(requests);
     std::iota(batch.begin(), batch.end(), 0);
@@ -230,6 +246,7 @@ void run_pair(std::uint32_t seed, int dense_layers) {
       CHECK(worst <= 2e-5f);
       CHECK(ds.resident_tokens() == hs.resident_tokens());
     }
+    check_working_sets(hs, ds);
     CHECK(dm.corrections_made() == hm.corrections_made());
     CHECK(dm.stats().layer_budgets == hm.stats().layer_budgets);
     CHECK(dm.stats().refreshes == hm.stats().refreshes);
