@@ -25,13 +25,7 @@ set(KVSIFT_CONFORMANCE_THRUST_KINDS
 list(APPEND KVSIFT_CONFORMANCE_THRUST_KINDS method.streaming_llm.decode method.h2o.decode method.quest.decode method.lagkv.decode)
 list(APPEND KVSIFT_CONFORMANCE_THRUST_KINDS method.synckv.decode method.freekv.decode method.heterocache.prefill method.heterocache.decode)
 
-# The methods' kinds with one handler body each (tests/conformance/method_kinds.hpp: the one-tier
-# methods; two_tier_kinds.hpp: the two-tier ones), run on the host (CPU backend) and, through
-# device::staged_method, on exec::sim_cpp / sim_omp (the Thrust runners; all of them are Thrust
-# kinds above). The methods have no CUDA exec yet, so kvsift-conformance-cuda leaves these out of
-# its kinds (cuda/CMakeLists.txt).
-set(KVSIFT_CONFORMANCE_METHOD_KINDS
-    method.snapkv.prefill method.pyramidkv.prefill method.h2o.prefill method.streaming_llm.prefill
-    method.quest.select method.streaming_llm.decode method.h2o.decode method.quest.decode
-    method.lagkv.prefill method.lagkv.decode method.dynamickv.prefill)
-list(APPEND KVSIFT_CONFORMANCE_METHOD_KINDS method.synckv.decode)
+# The methods' kinds (method.*: SnapKV, PyramidKV, H2O, StreamingLLM, Quest, LagKV, DynamicKV,
+# SyncKV) have one handler body each (tests/conformance/method_kinds.hpp, two_tier_kinds.hpp), run
+# on the host (CPU backend) and, through device::staged_method, on exec::sim_cpp / sim_omp (the
+# Thrust runners) and exec::cuda (kvsift-conformance-cuda).

@@ -66,6 +66,8 @@ struct cuda {
   explicit cuda(kvsift::thrust::device_arena& arena, cudaStream_t stream = nullptr)
       : arena_(&arena), stream_(stream) {}
 
+  // Where a device_arena for this exec takes its blocks from (cudaMalloc).
+  static kvsift::thrust::memory_backing backing() { return kvsift::thrust::cuda_device_backing(); }
   [[nodiscard]] kvsift::thrust::device_arena& arena() const { return *arena_; }
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
   // Thrust's CUDA par with the arena's allocator, on the stream.

@@ -4,9 +4,9 @@
 // A method over device memory behind the host's erased lifecycle, and a registry of them:
 //
 //   device::staged_method<M>       M = method<thrust::dense_store<T, E>, Recipe, E> (or SyncKV,
-//                                  synckv_on<T, E> over a thrust::tiered_store) on a
-//                                  simulated device (exec::sim_cpp / sim_omp), as an
-//                                  any_kv_method<T>: it owns its arena, its exec, its store and
+//                                  synckv_on<T, E> over a thrust::tiered_store) on a device
+//                                  exec (exec::sim_cpp / sim_omp; exec::cuda, cuda/exec.cuh,
+//                                  under nvcc), as an any_kv_method<T>: it owns its arena, its exec, its store and
 //                                  M; host inputs are staged into E memory, the plan and the
 //                                  attention output read back
 //   device::method_registry_on<T, E>  a method_registry<T> whose one-tier entries and SyncKV's build
@@ -64,7 +64,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   using T = typename M::element_type;
   using E = typename M::exec_type;
   using Store = typename M::store_type;
-  static_assert(thrust::SimExec<E>, "device::staged_method runs a method on a simulated device exec");
+  static_assert(thrust::DeviceExec<E>, "device::staged_method runs a method on a device exec");
   static constexpr bool tiered = std::is_same_v<Store, thrust::tiered_store<T, E>>;
   static_assert(tiered || std::is_same_v<Store, thrust::dense_store<T, E>>,
                 "device::staged_method: M must be a method over thrust::dense_store<T, E> or "
@@ -76,7 +76,8 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   staged_method(std::string name, const model_shape& shape, int requests, int capacity,
                 typename M::params p)
       : name_(std::move(name)),
-        arena_(std::make_unique<thrust::sim_arena>()),
+        arena_(std::make_unique<thrust::device_arena>(thrust::device_arena::default_max_cached_bytes,
+                                                      E::backing())),
         exec_(*arena_),
         store_(make_store(exec_, shape, requests, capacity)),
         m_(std::make_unique<M>(*store_, std::move(p))),
@@ -213,7 +214,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 
   [[nodiscard]] M& get() { return *m_; }
   [[nodiscard]] const Store& store() const { return *store_; }
-  [[nodiscard]] thrust::sim_arena& arena() const { return *arena_; }
+  [[nodiscard]] thrust::device_arena& arena() const { return *arena_; }
 
  private:
   static std::unique_ptr<Store> make_store(const E& e, const model_shape& shape, int requests,
@@ -280,7 +281,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   }
 
   std::string name_;
-  std::unique_ptr<thrust::sim_arena> arena_;  // first in, last out: every buffer below is its memory
+  std::unique_ptr<thrust::device_arena> arena_;  // first in, last out: every buffer below is its memory
   E exec_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<M> m_;
@@ -306,7 +307,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 // built-in composition (detail::visit_one_tier) and SyncKV's building synckv_on<T, E>, over
 // device memory on exec E, each method with its own simulated device (staged_method); the other
 // entries (HeteroCache, FreeKV, a user's own) throw kvsift::error when made.
-template <Element T, thrust::SimExec E>
+template <Element T, thrust::DeviceExec E>
 method_registry<T> method_registry_on(const method_registry<T>& base) {
   method_registry<T> out;
   for (const auto& name : base.names()) {

@@ -271,6 +271,8 @@ struct sim {
   [[nodiscard]] auto policy() const {
     return kvsift::thrust::detail::sim_system<System>::par(arena_->allocator());
   }
+  // Where a device_arena for this exec takes its blocks from (host memory).
+  static kvsift::thrust::memory_backing backing() { return kvsift::thrust::host_backing(); }
   // The copies copy_to_device / copy_to_host perform (and count): plain host memory copies.
   void h2d(void* dst, const void* src, std::size_t bytes) const {
     if (bytes > 0) std::memcpy(dst, src, bytes);
@@ -290,13 +292,14 @@ using sim_omp = sim<::thrust::system::omp::tag>;  // run it only where OpenMP is
 
 namespace kvsift::thrust {
 
-// A device exec: its memory is a device_arena's (not host-accessible), Thrust runs on its
-// policy(), and host code reaches its memory only through its h2d / d2h copies (which
-// copy_to_device / copy_to_host count). exec::sim (here) and exec::cuda (cuda/exec.cuh). The
+// A device exec: its memory is a device_arena's (not host-accessible; E::backing() says where an
+// arena for it takes its blocks), Thrust runs on its policy(), and host code reaches its memory
+// only through its h2d / d2h copies (which copy_to_device / copy_to_host count). exec::sim (here) and exec::cuda (cuda/exec.cuh). The
 // device states (device/*.hpp), stores and buffers are written against this concept.
 template <class E>
 concept DeviceExec = Exec<E> && !E::host_visible &&
                      requires(const E& e, void* dst, const void* src, std::size_t n) {
+                       { E::backing() } -> std::same_as<memory_backing>;
                        { e.arena() } -> std::same_as<device_arena&>;
                        e.policy();
                        e.h2d(dst, src, n);

@@ -2,7 +2,7 @@
 // The conformance kinds the Thrust backend (include/kvsift/thrust/) implements, registered for
 // `--backend thrust`. Compiled only into kvsift-conformance-thrust-cpp / -omp (g++ with
 // THRUST_DEVICE_SYSTEM = CPP or OMP); the same code compiled by nvcc runs on a GPU
-// (kvsift-conformance-cuda, `--backend cuda`), all but the method kinds of kinds_thrust_methods.cpp.
+// (kvsift-conformance-cuda, `--backend cuda`), the methods' kinds over exec::cuda.
 //
 // Thrust kinds (29: every kind but calibrate.*; kinds.cmake's KVSIFT_CONFORMANCE_THRUST_KINDS,
 // `--list-kinds --backend thrust`), by file:
@@ -195,7 +195,6 @@ const kc::registrar score_quest_pages{
                   to_host(quest_scores(dg, query, h, G, d, kvsift::gqa_reduce::max, false)));
     }};
 
-#if KVSIFT_CONFORMANCE_DEVICE_METHODS
 // method.quest.select, gqa "per_query_head": Quest's per-query-head option, one page set per
 // query head (page_scores per query head, then the top pages); the gqa "max" form is the method,
 // method_kinds::quest_select on the device backend.
@@ -225,7 +224,6 @@ const kc::registrar method_quest_select{
       kvsift::conformance::method_kinds::quest_select<kvsift::conformance::method_kinds::device>(
           c, out, quest_per_query_head);
     }};
-#endif
 
 // ---- LagKV: lag_scores ---------------------------------------------------------------------------
 

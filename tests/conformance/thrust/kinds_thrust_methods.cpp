@@ -7,13 +7,10 @@
 // the CPU backend's very handler body (../method_kinds.hpp, ../two_tier_kinds.hpp) instantiated
 // on the device backend (device_backend.hpp): the library's method<thrust::dense_store<float, E>
 // (thrust::tiered_store<float, E>), Recipe, E> on the runner's simulated device (exec::sim_cpp or
-// sim_omp), driven through device::staged_method. Not in kvsift-conformance-cuda (no CUDA exec
-// for the methods yet: device_backend.hpp).
+// sim_omp; exec::cuda under nvcc), driven through device::staged_method.
 
 #include "device_backend.hpp"
 #include "helpers.hpp"
-
-#if KVSIFT_CONFORMANCE_DEVICE_METHODS
 
 namespace {
 using namespace kvsift::conformance::thrust_kinds;  // kc, handlers_backend
@@ -46,5 +43,3 @@ const kc::registrar method_synckv_decode{handlers_backend, "method.synckv.decode
                                          kvsift::conformance::two_tier_kinds::synckv_decode<device>};
 
 }  // namespace
-
-#endif
