@@ -22,12 +22,13 @@
 //               in address order, which a bulk hole filling would scatter for every later step);
 //   fill holes  move only the kept rows past the new length into the lowest released rows and
 //               rewrite the row numbers;
-//   leave the hole  when one token is released and the only kept row past the new length m is
-//               row m (a decode step's eviction from the middle of a window: StreamingLLM, H2O),
-//               nothing moves: the released row waits, and the next append writes its first
-//               token there. In steady decode a step appends into the row the last step freed
-//               and no resident row is ever copied; only the row map (n int32) is rewritten.
-// rows_in_slot_order(seq) says whether slot i is row i (never while a hole waits).
+//   leave the hole  when exactly one token is released and no hole waits already (a decode
+//               step's eviction: StreamingLLM, H2O), nothing moves: the released row waits as
+//               the head-sequence's hole, and the next append writes its first token there. In
+//               steady decode a step appends into the row the last step freed and no resident
+//               row is ever copied; only the row map entries after the released slot shift
+//               (int32 each), and a paged store neither frees nor takes a page.
+// rows_in_slot_order(seq) says whether slot i is row i (a hole waits in order only at the end).
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/element.hpp>
@@ -160,9 +161,9 @@ class basic_store {
 
   // Keeps, for each KV head h of (request, layer), exactly the slots kept[h] (ascending) and
   // releases the others. Original positions travel with the kept tokens; kept slot i becomes
-  // slot i. Rows: a kept token keeps its row unless that row is past the new length, in which
-  // case it moves into the lowest row a released token left free — or, when it is the only one
-  // and sits at the new length, stays there, and the next append fills the released row.
+  // slot i. Rows: one released token leaves its row as the hole the next append fills, and
+  // nothing moves; otherwise a kept token keeps its row unless that row is past the new length,
+  // in which case it moves into the lowest row a released token left free.
   void retain(int request, int layer, const index_sets& kept) {
     constexpr std::string_view where = "store.retain";
     check_request_layer(where, request, layer);
@@ -181,7 +182,10 @@ class basic_store {
       const int n = length_[seq];
       const int m = static_cast<int>(slots.size());
       if (m == n) continue;  // ascending and unique: every slot is kept, nothing moves
-      // (a waiting hole means rows out of order: ordered_ is 0 and the compaction is not taken)
+      if (m + 1 == n && extent_[seq] == n) {
+        leave_hole(seq, slots);  // one token released (a decode step's eviction): nothing moves
+        continue;
+      }
       // Rows still in slot order, and keeping that order (a compaction) moves at most four times
       // the rows filling holes would: compact, so a prompt's compression or a LagKV round leaves
       // logical pages equal to store pages and rows in address order. Otherwise fill holes (one
@@ -205,30 +209,12 @@ class basic_store {
       // read every kept slot's row before any map entry is overwritten
       kept_rows.resize(static_cast<std::size_t>(m));
       taken.assign(static_cast<std::size_t>(m), 0);
-      int past = 0;        // kept rows at or past m (as many as the free rows below m)
-      bool at_m = false;  // one of them is row m itself
       for (int i = 0; i < m; ++i) {
         const int r = row(seq, slots[i]);
         kept_rows[i] = r;
-        if (r < m) {
-          taken[r] = 1;
-        } else {
-          ++past;
-          at_m = at_m || r == m;
-        }
+        if (r < m) taken[r] = 1;
       }
       int hole = 0;  // the lowest row below m that no kept token holds
-      if (past == 1 && at_m) {
-        // one released row and the newest row at m: leave both, the next append fills the hole
-        while (taken[hole]) ++hole;
-        for (int i = 0; i < m; ++i) *self().row_slot(seq, i) = kept_rows[i];
-        ordered_[seq] = 0;
-        hole_[seq] = hole;
-        length_[seq] = m;
-        extent_[seq] = m + 1;
-        self().shrink(seq, m + 1);
-        continue;
-      }
       bool in_order = true;
       for (int i = 0; i < m; ++i) {
         if (kept_rows[i] >= m) {
@@ -320,6 +306,24 @@ class basic_store {
   std::vector<std::uint16_t> ordered_;  // [sequences] slot i is row i for every resident token (not a char type: a char may alias every store, so a char flag is reloaded in every loop that writes)
 
  private:
+  // retain's one-token case (n = m + 1 rows in use, slots ascending): the released slot's row
+  // becomes the waiting hole and the later slots' map entries shift down one; no row is copied.
+  // Slot i stays row i when the released slot is the newest and the rows were in order.
+  void leave_hole(std::int64_t seq, std::span<const std::int32_t> slots) {
+    const int m = static_cast<int>(slots.size());
+    int k = 0;  // the released slot: the first one missing
+    while (k < m && slots[k] == k) ++k;
+    hole_[seq] = row(seq, k);
+    if (ordered_[seq] && k < m) {
+      for (int i = 0; i < m; ++i) *self().row_slot(seq, i) = i < k ? i : i + 1;
+      ordered_[seq] = 0;
+    } else if (!ordered_[seq]) {
+      // ascending: entry i + 1 is read before it is overwritten
+      for (int i = k; i < m; ++i) *self().row_slot(seq, i) = *self().row_slot(seq, i + 1);
+    }
+    length_[seq] = m;
+    extent_[seq] = m + 1;
+  }
   // Rows in use after appending `tokens` more: the first fills a waiting hole.
   [[nodiscard]] int grown_extent(std::int64_t seq, int tokens) const {
     return std::max(extent_[seq], length_[seq] + tokens);

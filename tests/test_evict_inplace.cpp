@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: Apache-2.0
+// StreamingLLM and H2O decode in place (issue 29): in steady state a step evicts one token per
+// head-sequence and the next step's token is written into the row it freed, so no resident row
+// ever moves; the plan handed to attention stays sorted by position while the rows are not; the
+// outputs are attention over the kept positions (checked against attention::attend_row over the
+// test's own copy of every token, by position); and H2O's running scores, which schedule::evict
+// now takes from the step's own attention (attend()'s plan_weights), equal bit for bit a second
+// pass over the keys, as well as the scores of an engine that attends with its own kernel (no
+// attend() call: the two-pass fallback). Ragged batches (three prompts of different lengths, one
+// request sitting out every third step), dense and paged stores, f32 and bf16.
+
+#include <kvsift/kvsift.hpp>
+
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <vector>
+
+namespace {
+
+using kvsift::bfloat16;
+using kvsift::model_shape;
+
+constexpr model_shape kShape{.layers = 2, .q_heads = 8, .kv_heads = 2, .head_dim = 16};
+constexpr int kSteps = 24;
+const std::vector<int> kPrompts{40, 23, 57};  // a ragged batch
+
+template <class T>
+struct dense_of {
+  using element = T;
+  using store = kvsift::store::dense<T>;
+  static store make() { return store(kShape, 3, 96); }
+};
+template <class T>
+struct paged_of {
+  using element = T;
+  using store = kvsift::store::paged<T>;
+  static store make() { return store(kShape, 3, 4, 3 * kShape.layers * kShape.kv_heads * 24); }
+};
+
+// Every token of every (request, layer): keys/values [positions, kv_heads, d] as the store's
+// element type (what the store holds, so a reference over them reads the same numbers), queries
+// [positions, q_heads, d].
+template <class T>
+struct tokens {
+  std::vector<std::vector<T>> k, v;      // [requests * layers]
+  std::vector<std::vector<float>> q;     // [requests * layers]
+  explicit tokens(unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int r = 0; r < 3; ++r) {
+      for (int l = 0; l < kShape.layers; ++l) {
+        const std::size_t n = static_cast<std::size_t>(kPrompts[r] + kSteps);
+        std::vector<T> kk(n * kShape.kv_heads * kShape.head_dim), vv(kk.size());
+        std::vector<float> qq(n * kShape.q_heads * kShape.head_dim);
+        for (auto& x : kk) x = kvsift::from_float<T>(1.5f * nd(rng));
+        for (auto& x : vv) x = kvsift::from_float<T>(nd(rng));
+        for (auto& x : qq) x = 1.5f * nd(rng);
+        k.push_back(std::move(kk));
+        v.push_back(std::move(vv));
+        q.push_back(std::move(qq));
+      }
+    }
+  }
+  [[nodiscard]] std::size_t at(int r, int l) const { return static_cast<std::size_t>(r) * kShape.layers + l; }
+  const T* key(int r, int l, int pos, int h) const {
+    return k[at(r, l)].data() + (static_cast<std::size_t>(pos) * kShape.kv_heads + h) * kShape.head_dim;
+  }
+  const T* value(int r, int l, int pos, int h) const {
+    return v[at(r, l)].data() + (static_cast<std::size_t>(pos) * kShape.kv_heads + h) * kShape.head_dim;
+  }
+  const float* query(int r, int l, int pos) const {
+    return q[at(r, l)].data() + static_cast<std::size_t>(pos) * kShape.q_heads * kShape.head_dim;
+  }
+};
+
+template <class M, class T>
+void prefill(M& m, const tokens<T>& x) {
+  using kview = kvsift::kv_view<const T, kvsift::nhd>;
+  using qview = kvsift::kv_view<const float, kvsift::nhd>;
+  for (int l = 0; l < kShape.layers; ++l) {
+    std::vector<kvsift::prefill_chunk<T>> chunks;
+    for (int r = 0; r < 3; ++r) {
+      const int n = kPrompts[r];
+      chunks.push_back({.request = r,
+                        .keys = kview::contiguous(x.key(r, l, 0, 0), n, kShape.kv_heads, kShape.head_dim),
+                        .values = kview::contiguous(x.value(r, l, 0, 0), n, kShape.kv_heads, kShape.head_dim),
+                        .queries = qview::contiguous(x.query(r, l, 0), n, kShape.q_heads, kShape.head_dim),
+                        .first_position = 0,
+                        .last = true});
+    }
+    m.prefill(l, chunks);
+  }
+}
+
+// Step t's batch: every request but request 1 on every third step (ragged and uneven).
+std::vector<int> batch_of(int t) { return t % 3 == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2}; }
+
+// The positions of a head-sequence's slots, and each one's key row address.
+template <class Store>
+std::map<std::int32_t, const void*> rows_by_position(const Store& s, std::int64_t seq) {
+  std::map<std::int32_t, const void*> out;
+  for (int i = 0; i < s.length(seq); ++i) out[s.position(seq, i)] = s.key(seq, i);
+  return out;
+}
+
+// Runs kSteps decode steps of method M over a ragged batch and checks, at every step and layer:
+// resident rows never move, the new token lands in the row the last eviction freed, the plan is
+// position-sorted, out equals a reference by position, and (H2O) the running scores equal a
+// second pass. `evicted(seq, positions, running)` names the position the step must evict.
+template <class M, class S, class Evicted>
+void check_in_place(M& m, S& s, const tokens<typename S::element_type>& x, int budget,
+                    Evicted&& evicted) {
+  using T = typename S::element_type;
+  constexpr bool h2o = std::is_same_v<typename M::recipe::scorer, kvsift::score::cumulative_attention>;
+  const int H = kShape.kv_heads, G = kShape.group_size(), d = kShape.head_dim;
+  std::vector<int> steps(3, 0);
+  std::map<std::int64_t, const void*> freed;  // the row each head-sequence's last eviction freed
+  int steady = 0;                             // head-sequence steps that evicted in place
+  for (int t = 0; t < kSteps; ++t) {
+    const auto batch = batch_of(t);
+    for (int l = 0; l < kShape.layers; ++l) {
+      CAPTURE(t, l);
+      std::vector<kvsift::decode_token<T>> toks;
+      std::map<std::int64_t, std::map<std::int32_t, const void*>> before;
+      for (const int r : batch) {
+        const int pos = kPrompts[r] + steps[r];
+        toks.push_back({r, x.query(r, l, pos), x.key(r, l, pos, 0), x.value(r, l, pos, 0)});
+        for (int h = 0; h < H; ++h) {
+          const auto seq = kShape.sequence(r, l, h);
+          before[seq] = rows_by_position(s, seq);
+        }
+      }
+      const auto& plan = m.decode(l, toks);
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        const int r = batch[i];
+        const int newest = kPrompts[r] + steps[r];
+        for (int h = 0; h < H; ++h) {
+          const auto seq = kShape.sequence(r, l, h);
+          const int seg = static_cast<int>(i) * H + h;
+          const auto pos = plan.positions[seg];
+          CAPTURE(r, h);
+          // the plan: every resident slot, strictly ascending positions, the new token last
+          REQUIRE(static_cast<int>(pos.size()) == s.length(seq));
+          REQUIRE(std::adjacent_find(pos.begin(), pos.end(), std::greater_equal<>()) == pos.end());
+          REQUIRE(pos.back() == newest);
+          // the append moved nothing, and the new token took the row the last eviction freed
+          auto now = rows_by_position(s, seq);
+          for (const auto& [p, row] : before[seq]) REQUIRE(now.at(p) == row);
+          if (freed.count(seq) != 0) REQUIRE(now.at(newest) == freed[seq]);
+        }
+      }
+      // out against attention over the kept positions, read from the test's own tokens
+      std::vector<float> out(toks.size() * kShape.q_heads * d, 0.0f);
+      m.attend(l, toks, out.data());
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        const int r = batch[i];
+        for (int h = 0; h < H; ++h) {
+          const auto pos = plan.positions[static_cast<int>(i) * H + h];
+          for (int g = 0; g < G; ++g) {
+            const int qh = h * G + g;
+            std::vector<float> want(static_cast<std::size_t>(d));
+            kvsift::attention::attend_row(
+                toks[i].query + static_cast<std::size_t>(qh) * d, d, static_cast<int>(pos.size()),
+                [&](int j) { return x.key(r, l, pos[j], h); },
+                [&](int j) { return x.value(r, l, pos[j], h); }, want.data());
+            for (int c = 0; c < d; ++c) {
+              const float got = out[(i * kShape.q_heads + qh) * d + c];
+              REQUIRE(std::abs(got - want[c]) <= 2e-5f + 1e-4f * std::abs(want[c]));
+            }
+          }
+        }
+      }
+      // H2O: the running scores after the step, by position, from a second pass over the keys
+      std::map<std::int64_t, std::map<std::int32_t, float>> expected;
+      if constexpr (h2o) {
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+          for (int h = 0; h < H; ++h) {
+            const auto seq = kShape.sequence(batch[i], l, h);
+            const auto slots = plan.slots[static_cast<int>(i) * H + h];
+            const auto run = m.scorer_state().running(seq);
+            std::vector<float> probs(static_cast<std::size_t>(G) * slots.size());
+            std::vector<float> reduced(slots.size());
+            kvsift::cpu::attention_rows_over(s, seq, toks[i].query + static_cast<std::size_t>(h) * G * d,
+                                             G, slots, probs);
+            kvsift::cpu::reduce_group(probs, G, reduced, kvsift::gqa_reduce::mean);
+            for (std::size_t j = 0; j < slots.size(); ++j) {
+              const float base = slots[j] < static_cast<int>(run.size()) ? run[slots[j]] : 0.0f;
+              expected[seq][s.position(seq, slots[j])] = base + reduced[j];
+            }
+          }
+        }
+      }
+      std::map<std::int64_t, std::map<std::int32_t, const void*>> during;
+      std::map<std::int64_t, std::int32_t> victim;
+      for (const int r : batch) {
+        for (int h = 0; h < H; ++h) {
+          const auto seq = kShape.sequence(r, l, h);
+          during[seq] = rows_by_position(s, seq);
+          victim[seq] = s.length(seq) > budget ? evicted(seq, during[seq], expected[seq]) : -1;
+        }
+      }
+      m.after_attention(l, toks);
+      for (const int r : batch) {
+        for (int h = 0; h < H; ++h) {
+          const auto seq = kShape.sequence(r, l, h);
+          CAPTURE(r, h, victim[seq]);
+          auto after = rows_by_position(s, seq);
+          // exactly the victim left, and every token that stays kept its row
+          REQUIRE(after.size() + (victim[seq] >= 0 ? 1 : 0) == during[seq].size());
+          REQUIRE(after.count(victim[seq]) == 0);
+          for (const auto& [p, row] : after) REQUIRE(during[seq].at(p) == row);
+          if (victim[seq] >= 0) {
+            freed[seq] = during[seq].at(victim[seq]);
+            // the freed row waits for the next append, or was the last row in use (then the
+            // rows in use simply end before it): either way the next token goes there
+            REQUIRE(s.row_extent(seq) >= s.length(seq));
+            REQUIRE(s.row_extent(seq) <= s.length(seq) + 1);
+            ++steady;
+          }
+          if constexpr (h2o) {
+            const auto run = m.scorer_state().running(seq);
+            REQUIRE(static_cast<int>(run.size()) == s.length(seq));
+            for (int j = 0; j < s.length(seq); ++j) {
+              CAPTURE(j, s.position(seq, j));
+              REQUIRE(run[j] == expected[seq].at(s.position(seq, j)));  // bit for bit
+            }
+          }
+        }
+      }
+    }
+    for (const int r : batch) ++steps[r];
+  }
+  REQUIRE(steady >= kSteps);  // the check ran in steady state, not only while filling
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("streaming_llm decode moves no resident row; the new token takes the freed row",
+                   "[evict][inplace][streaming_llm]", dense_of<float>, dense_of<bfloat16>,
+                   paged_of<float>, paged_of<bfloat16>) {
+  using S = typename TestType::store;
+  using T = typename TestType::element;
+  const int budget = GENERATE(12, 30);
+  const int seed = GENERATE(1, 2);
+  CAPTURE(budget, seed, kvsift::element_name<T>);
+  const tokens<T> x(static_cast<unsigned>(seed));
+  auto s = TestType::make();
+  kvsift::streaming_llm<S> m(s, kvsift::streaming_llm_params<S>(budget, 4));
+  prefill(m, x);
+  // the oldest token after the four sinks
+  check_in_place(m, s, x, budget,
+                 [](std::int64_t, const std::map<std::int32_t, const void*>& rows,
+                    const std::map<std::int32_t, float>&) { return std::next(rows.begin(), 4)->first; });
+}
+
+TEMPLATE_TEST_CASE("h2o decode moves no resident row; running scores from the step's attention",
+                   "[evict][inplace][h2o]", dense_of<float>, dense_of<bfloat16>, paged_of<float>,
+                   paged_of<bfloat16>) {
+  using S = typename TestType::store;
+  using T = typename TestType::element;
+  const int budget = GENERATE(12, 30);
+  const int seed = GENERATE(1, 2);
+  CAPTURE(budget, seed, kvsift::element_name<T>);
+  const tokens<T> x(static_cast<unsigned>(seed));
+  auto s = TestType::make();
+  kvsift::h2o<S> m(s, kvsift::h2o_params<S>(budget));
+  prefill(m, x);
+  // METHODS.md: the lowest running score among positions older than the recent floor(B / 2)
+  // (exact tie: the higher index)
+  const int recent = budget / 2;
+  check_in_place(m, s, x, budget,
+                 [&](std::int64_t, const std::map<std::int32_t, const void*>& rows,
+                     const std::map<std::int32_t, float>& score) {
+                   const int n = static_cast<int>(rows.size());
+                   std::int32_t victim = -1;
+                   int j = 0;
+                   for (const auto& [p, row] : rows) {
+                     if (j++ >= n - recent) break;
+                     if (victim < 0 || score.at(p) <= score.at(victim)) victim = p;
+                   }
+                   return victim;
+                 });
+}
+
+TEMPLATE_TEST_CASE("h2o: an engine attending with its own kernel gets the same running scores",
+                   "[evict][inplace][h2o]", dense_of<float>, paged_of<bfloat16>) {
+  using S = typename TestType::store;
+  using T = typename TestType::element;
+  const tokens<T> x(7);
+  auto s_lib = TestType::make();
+  auto s_own = TestType::make();
+  kvsift::h2o<S> lib(s_lib, kvsift::h2o_params<S>(20));  // attend(): the kept probabilities
+  kvsift::h2o<S> own(s_own, kvsift::h2o_params<S>(20));  // no attend(): observe's second pass
+  prefill(lib, x);
+  prefill(own, x);
+  std::vector<int> steps(3, 0);
+  std::vector<float> out(3 * kShape.q_heads * kShape.head_dim);
+  for (int t = 0; t < kSteps; ++t) {
+    const auto batch = batch_of(t);
+    for (int l = 0; l < kShape.layers; ++l) {
+      std::vector<kvsift::decode_token<T>> toks;
+      for (const int r : batch) {
+        const int pos = kPrompts[r] + steps[r];
+        toks.push_back({r, x.query(r, l, pos), x.key(r, l, pos, 0), x.value(r, l, pos, 0)});
+      }
+      (void)lib.decode(l, toks);
+      lib.attend(l, toks, out.data());
+      lib.after_attention(l, toks);
+      (void)own.decode(l, toks);
+      own.after_attention(l, toks);
+      for (const int r : batch) {
+        for (int h = 0; h < kShape.kv_heads; ++h) {
+          const auto seq = kShape.sequence(r, l, h);
+          CAPTURE(t, l, r, h);
+          REQUIRE(s_lib.length(seq) == s_own.length(seq));
+          const auto a = lib.scorer_state().running(seq);
+          const auto b = own.scorer_state().running(seq);
+          REQUIRE(std::vector<float>(a.begin(), a.end()) == std::vector<float>(b.begin(), b.end()));
+          for (int j = 0; j < s_lib.length(seq); ++j) REQUIRE(s_lib.position(seq, j) == s_own.position(seq, j));
+        }
+      }
+    }
+    for (const int r : batch) ++steps[r];
+  }
+}
