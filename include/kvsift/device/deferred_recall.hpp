@@ -52,6 +52,7 @@
 #include <kvsift/core/error.hpp>
 #include <kvsift/device/evict.hpp>
 #include <kvsift/device/one_tier.hpp>
+#include <kvsift/device/two_tier.hpp>
 #include <kvsift/method/lifecycle.hpp>
 #include <kvsift/method/schedule/deferred_recall.hpp>
 #include <kvsift/method/synckv.hpp>
@@ -280,12 +281,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         recall_pos_(exec_, slots_.size() * per()),
         heads_d_(exec_, static_cast<std::size_t>(layers_) * H_),
         cseg_d_(exec_, static_cast<std::size_t>(layers_) * H_),
-        plan_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ + 1),
-        local_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * (H_ + 1)),
-        plan_slots_(exec_, static_cast<std::size_t>(m.store().requests()) * per()),
-        plan_positions_(exec_, plan_slots_.size()),
-        step_positions_(exec_, static_cast<std::size_t>(m.store().requests())),
-        attention_ws_(exec_, thrust::attention_workspace_bytes(static_cast<std::int64_t>(per()), G_, 1)) {
+        step_(m.store()) {
     // per layer: the representatives with followers (one segment each, cluster order) and each
     // follower's segment; uploaded once
     const auto& roles = m.parts().roles.p.layers;
@@ -347,26 +343,12 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   void debug_skip_installs(bool skip) { skip_installs_ = skip; }
 
 
-  // The host state's chunk checks (detail::two_tier::check_chunk) plus room in the device tier.
+  // The host state's chunk checks plus room in the device tier (detail::device_two_tier).
   template <class M>
   void check_chunk(const M& m, std::string_view where, int layer, const chunk_type& c,
                    prefill_totals& tot) const {
-    const auto& st = m.store();
-    require(slots_[m.slot(c.request, layer)].prompt_end < 0, where, "request", c.request,
-            "a request whose prompt has not ended on this layer (reset() it first)");
-    require(c.queries.tokens <= c.keys.tokens, where, "queries.tokens", c.queries.tokens,
-            "<= keys.tokens (the chunk's newest queries)");
-    if (c.last) {
-      require(c.queries.tokens >= 1, where, "queries.tokens", c.queries.tokens,
-              ">= 1 on the last chunk: " + std::string(Recipe::paper) + " scores the prompt's last query");
-    }
-    const int room = st.host_capacity() - st.host_length(c.request, layer);
-    require(tot.added[c.request] + c.keys.tokens <= room, where, "keys.tokens", c.keys.tokens,
-            "<= the room left in the host pool (" + std::to_string(room) + ")");
-    const int tier_room = cap_ - st.host_length(c.request, layer);  // every head holds the prompt
-    require(tot.added[c.request] + c.keys.tokens <= tier_room, where, "keys.tokens", c.keys.tokens,
-            "<= the room left in the device tier (" + std::to_string(tier_room) +
-                "): the whole prompt is resident until its end");
+    step_.check_chunk(m.store(), where, Recipe::paper, layer, c, tot,
+                      slots_[m.slot(c.request, layer)].prompt_end < 0);
   }
   template <class M>
   void check_prefill(const M& m, std::string_view where, int layer, std::span<const chunk_type> chunks,
@@ -424,62 +406,15 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
 
   template <class M>
   void decode(M& m, int layer, std::span<const decode_token<T>> tokens, plan_type& plan) {
-    auto& st = m.store();
-    const auto& sh = st.shape();
-    using view = kv_view<const T, nhd, space>;
     for (const auto& t : tokens) install(m, layer, t.request);
-    host_positions_.clear();
-    for (const auto& t : tokens) {
-      ++slots_[m.slot(t.request, layer)].steps;
-      const std::int32_t pos = st.next_position(t.request, layer);
-      st.append(t.request, layer, view::contiguous(t.key, 1, H_, d_), view::contiguous(t.value, 1, H_, d_), pos);
-      host_positions_.push_back(pos);
-    }
-    // the plan: every resident token of each KV head, by position (one pack per request)
-    const int R = static_cast<int>(tokens.size());
-    plan.offsets.assign(1, 0);
-    plan_base_.clear();
-    for (int i = 0; i < R; ++i) {
-      plan_base_.push_back(plan.offsets.back());
-      seqs_.clear();
-      for (int h = 0; h < H_; ++h) seqs_.push_back(sh.sequence(tokens[i].request, layer, h));
-      const std::int64_t n = st.plan_sorted(seqs_, local_offsets_.data() + static_cast<std::size_t>(i) * (H_ + 1),
-                                            plan_slots_.data() + plan_base_.back(),
-                                            plan_positions_.data() + plan_base_.back());
-      (void)n;
-      for (int h = 0; h < H_; ++h) plan.offsets.push_back(plan.offsets.back() + st.length(seqs_[h]));
-    }
-    plan.page_offsets.clear();
-    plan.pages = nullptr;
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(plan.offsets), plan_offsets_);
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(host_positions_), step_positions_);
-    plan.device_offsets = plan_offsets_.data();
-    plan.slots = plan_slots_.data();
-    plan.positions = plan_positions_.data();
+    for (const auto& t : tokens) ++slots_[m.slot(t.request, layer)].steps;
+    step_.append_and_plan(m.store(), layer, tokens, plan);
   }
 
   // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
   template <class M>
   void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    const auto& st = m.store();
-    const auto& sh = st.shape();
-    const std::int64_t stride = static_cast<std::int64_t>(cap_) * d_;
-    const auto& plan = m.plan();
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      const std::int64_t seq0 = sh.sequence(tokens[i].request, layer, 0);
-      const thrust::segmented_rows<T> k{st.tier_keys() + seq0 * stride, st.slot_offsets(),
-                                        st.slot_positions() + seq0 * cap_, stride, H_, d_};
-      auto v = k;
-      v.data = st.tier_values() + seq0 * stride;
-      const thrust::window_queries q{tokens[i].query, step_positions_.data() + i, 1, H_, G_};
-      const std::int64_t base = plan_base_[i];
-      const std::int64_t total = plan.offsets[(i + 1) * H_] - base;
-      thrust::attention_over(exec_.policy(), k, v, q,
-                             thrust::attention_plan{local_offsets_.data() + i * (H_ + 1), plan_slots_.data() + base},
-                             static_cast<std::int64_t>(H_) * cap_, total,
-                             out + i * sh.q_heads * sh.head_dim, nullptr, attention_ws_.data(),
-                             attention_ws_.size());
-    }
+    step_.attend(m.store(), layer, tokens, m.plan(), out);
   }
 
   template <class M>
@@ -681,14 +616,10 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   thrust::buffer<unsigned char, E> static_mask_;
   thrust::buffer<std::int32_t, E> recall_pos_;
   thrust::buffer<std::int32_t, E> heads_d_, cseg_d_;
-  thrust::buffer<std::int32_t, E> plan_offsets_, local_offsets_, plan_slots_, plan_positions_,
-      step_positions_;
-  mutable thrust::buffer<std::byte, E> attention_ws_;
+  detail::device_two_tier<T, E> step_;  // the decode step's append, plan and attention
   // host scratch
   std::vector<std::int64_t> seqs_;
   std::vector<int> counts_;
-  std::vector<std::int32_t> host_positions_;
-  std::vector<std::int64_t> plan_base_;
 };
 
 // SyncKV over a device two-tier store on a device exec.
