@@ -62,9 +62,15 @@ constexpr int tier_capacity = 96;
 // a pivot 2 without satellites (never checked). Layer 2: two stars, pivot 0 with satellite 1 and
 // pivot 2 with satellite 3. F = 6 full-KV heads of N = 12; stabilities differ, so the caps differ.
 std::vector<layer_roles> roles() {
-  return {{{role::pivot, role::satellite, role::satellite, role::anchor}, {0, 0, 0, -1}, {0.9f, 0.7f, 0.4f, 0.8f}},
-          {{role::volatile_head, role::satellite, role::pivot, role::pivot}, {-1, 3, 2, 3}, {0.1f, 0.3f, 0.6f, 0.95f}},
-          {{role::pivot, role::satellite, role::pivot, role::satellite}, {0, 0, 2, 2}, {0.85f, 0.5f, 0.7f, 0.2f}}};
+  return {{{role::pivot, role::satellite, role::satellite, role::anchor},
+           {0, 0, 0, -1},
+           {0.9f, 0.7f, 0.4f, 0.8f}},
+          {{role::volatile_head, role::satellite, role::pivot, role::pivot},
+           {-1, 3, 2, 3},
+           {0.1f, 0.3f, 0.6f, 0.95f}},
+          {{role::pivot, role::satellite, role::pivot, role::satellite},
+           {0, 0, 2, 2},
+           {0.85f, 0.5f, 0.7f, 0.2f}}};
 }
 kvsift::heterocache_recipe::params params_of(int window, double tau_drift) {
   kvsift::heterocache_recipe::params p;
@@ -118,14 +124,16 @@ void check_heads(const HM& hm, const DM& dm, int r, int l) {
 // head's cap is not used; caps above n are cut to n).
 kvsift::heterocache_recipe::params fixed_params_of(int window, double tau_drift) {
   auto p = params_of(window, tau_drift);
-  p.fixed = kvsift::heterocache_recipe::fixed_budget{10, {99, 8, 14, 6, 99, 9, 99, 99, 99, 50, 99, 7}};
+  p.fixed =
+      kvsift::heterocache_recipe::fixed_budget{10, {99, 8, 14, 6, 99, 9, 99, 99, 99, 50, 99, 7}};
   return p;
 }
 
 template <class T, class E>
 void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
   const auto params = fixed ? fixed_params_of(window, tau) : params_of(window, tau);
-  INFO("window " << window << " tau " << tau << " seed " << seed << (fixed ? " fixed budgets" : ""));
+  INFO("window " << window << " tau " << tau << " seed " << seed
+                 << (fixed ? " fixed budgets" : ""));
   sim_arena engine_arena, arena;
   const E engine{engine_arena}, e{arena};
   std::mt19937 rng(seed);
@@ -152,16 +160,20 @@ void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
         const std::size_t ko = (static_cast<std::size_t>(l) * n + at) * H * d;
         const std::size_t qo = (static_cast<std::size_t>(l) * n + at) * Q * d;
         const bool last = at + len == n;
-        kvsift::prefill_chunk<T> hc{r,
-                                    kvsift::kv_view<const T, nhd>::contiguous(k.data() + ko, len, H, d),
-                                    kvsift::kv_view<const T, nhd>::contiguous(v.data() + ko, len, H, d),
-                                    kvsift::kv_view<const float, nhd>::contiguous(q.data() + qo, len, Q, d),
-                                    at, last};
-        dchunk dc{r,
-                  kvsift::kv_view<const T, nhd, space>::contiguous(kd.device.data() + ko, len, H, d),
-                  kvsift::kv_view<const T, nhd, space>::contiguous(vd.device.data() + ko, len, H, d),
-                  kvsift::kv_view<const float, nhd, space>::contiguous(qd.device.data() + qo, len, Q, d),
-                  at, last};
+        kvsift::prefill_chunk<T> hc{
+            r,
+            kvsift::kv_view<const T, nhd>::contiguous(k.data() + ko, len, H, d),
+            kvsift::kv_view<const T, nhd>::contiguous(v.data() + ko, len, H, d),
+            kvsift::kv_view<const float, nhd>::contiguous(q.data() + qo, len, Q, d),
+            at,
+            last};
+        dchunk dc{
+            r,
+            kvsift::kv_view<const T, nhd, space>::contiguous(kd.device.data() + ko, len, H, d),
+            kvsift::kv_view<const T, nhd, space>::contiguous(vd.device.data() + ko, len, H, d),
+            kvsift::kv_view<const float, nhd, space>::contiguous(qd.device.data() + qo, len, Q, d),
+            at,
+            last};
         hm.prefill(l, hc);
         dm.prefill(l, dc);
         at += len;
@@ -220,10 +232,10 @@ void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
         CHECK(after.d2h_reads == before.d2h_reads);
       }
       REQUIRE(plan_requests == hp.requests);
-      REQUIRE(plan_offsets == std::vector<std::int32_t>(hp.positions.offsets.begin(),
-                                                        hp.positions.offsets.end()));
-      CHECK(positions == std::vector<std::int32_t>(hp.positions.values.begin(),
-                                                   hp.positions.values.end()));
+      REQUIRE(plan_offsets ==
+              std::vector<std::int32_t>(hp.positions.offsets.begin(), hp.positions.offsets.end()));
+      CHECK(positions ==
+            std::vector<std::int32_t>(hp.positions.values.begin(), hp.positions.values.end()));
       for (const int r : batch) {
         CHECK(dm.step(r, l) == hm.step(r, l));
         CHECK(dm.prompt_end(r, l) == hm.prompt_end(r, l));
@@ -287,7 +299,10 @@ struct one_layer {
     return p;
   }
   one_layer(int n, int steps, int tier, int window, double tau, std::uint32_t seed)
-      : rng(seed), hs(one, 1, n + steps), ds(e, one, 1, n + steps, tier), hm(hs, params(window, tau)),
+      : rng(seed),
+        hs(one, 1, n + steps),
+        ds(e, one, 1, n + steps, tier),
+        hm(hs, params(window, tau)),
         dm(ds, params(window, tau)),
         sk(engine, random_array<float>(rng, static_cast<std::size_t>(steps) * H * d)),
         sv(engine, random_array<float>(rng, sk.host.size())),
@@ -295,20 +310,24 @@ struct one_layer {
     const twin<float, E> k(engine, random_array<float>(rng, static_cast<std::size_t>(n) * H * d));
     const twin<float, E> v(engine, random_array<float>(rng, k.host.size()));
     const twin<float, E> q(engine, random_array<float>(rng, static_cast<std::size_t>(n) * Q * d));
-    hm.prefill(0, kvsift::prefill_chunk<float>{0, kvsift::kv_view<const float, nhd>::contiguous(k.host.data(), n, H, d),
-                                               kvsift::kv_view<const float, nhd>::contiguous(v.host.data(), n, H, d),
-                                               kvsift::kv_view<const float, nhd>::contiguous(q.host.data(), n, Q, d),
-                                               0, true});
-    dm.prefill(0, typename device_method::chunk_type{
-                      0, kvsift::kv_view<const float, nhd, space>::contiguous(k.device.data(), n, H, d),
-                      kvsift::kv_view<const float, nhd, space>::contiguous(v.device.data(), n, H, d),
-                      kvsift::kv_view<const float, nhd, space>::contiguous(q.device.data(), n, Q, d), 0, true});
+    hm.prefill(0,
+               kvsift::prefill_chunk<float>{
+                   0, kvsift::kv_view<const float, nhd>::contiguous(k.host.data(), n, H, d),
+                   kvsift::kv_view<const float, nhd>::contiguous(v.host.data(), n, H, d),
+                   kvsift::kv_view<const float, nhd>::contiguous(q.host.data(), n, Q, d), 0, true});
+    dm.prefill(
+        0, typename device_method::chunk_type{
+               0, kvsift::kv_view<const float, nhd, space>::contiguous(k.device.data(), n, H, d),
+               kvsift::kv_view<const float, nhd, space>::contiguous(v.device.data(), n, H, d),
+               kvsift::kv_view<const float, nhd, space>::contiguous(q.device.data(), n, Q, d), 0,
+               true});
   }
   kvsift::decode_token<float> host_token(int t) const {
     return {0, sq.host.data() + t * Q * d, sk.host.data() + t * H * d, sv.host.data() + t * H * d};
   }
   kvsift::decode_token<float> device_token(int t) const {
-    return {0, sq.device.data() + t * Q * d, sk.device.data() + t * H * d, sv.device.data() + t * H * d};
+    return {0, sq.device.data() + t * Q * d, sk.device.data() + t * H * d,
+            sv.device.data() + t * H * d};
   }
 };
 
@@ -324,8 +343,9 @@ std::vector<std::int32_t> host_head(const P& plan, int head) {
 
 }  // namespace
 
-TEMPLATE_LIST_TEST_CASE("device heterocache: method<thrust::tiered_store> on exec::sim equals exec::host",
-                        "[thrust][method][heterocache]", device_execs) {
+TEMPLATE_LIST_TEST_CASE(
+    "device heterocache: method<thrust::tiered_store> on exec::sim equals exec::host",
+    "[thrust][method][heterocache]", device_execs) {
   using E = TestType;
   for (const int window : {2, 3}) {
     for (const std::uint32_t seed : {41u, 42u}) {
@@ -374,7 +394,8 @@ TEMPLATE_LIST_TEST_CASE("device heterocache: a retrieval not installed leaves st
   const auto& hp = x.hm.decode(0, x.host_token(2));
   const auto stale = device_head(x.dm.decode(0, x.device_token(2)), 1);
   auto want = host_head(hp, 1);
-  CHECK(std::vector<std::int32_t>(want.begin(), want.begin() + k) == recorded);  // what it would bring
+  // what the install would have brought: the host's prompt part
+  CHECK(std::vector<std::int32_t>(want.begin(), want.begin() + k) == recorded);
   CHECK(stale != want);
   before.push_back(n + 2);
   CHECK(stale == before);  // deterministic: the rows of step 2 plus the new token
@@ -397,7 +418,8 @@ TEMPLATE_LIST_TEST_CASE("device heterocache: no allocation or read-back in 120 d
   const int steps = 120, n = 300;
   // base = 200 of 300: random top sets overlap about 2/3, so tau 0.67 drifts about half the time
   one_layer<TestType> x(n, steps, n + steps, /*window=*/5, /*tau=*/0.67, 9);
-  buffer<float, TestType> out(x.engine, static_cast<std::size_t>(one_layer<TestType>::Q) * one_layer<TestType>::d);
+  buffer<float, TestType> out(
+      x.engine, static_cast<std::size_t>(one_layer<TestType>::Q) * one_layer<TestType>::d);
   int allocating_steps = 0, reading_steps = 0, checks = 0, differing_plans = 0;
   for (int t = 0; t < steps; ++t) {
     const auto tok = x.device_token(t);
@@ -411,7 +433,9 @@ TEMPLATE_LIST_TEST_CASE("device heterocache: no allocation or read-back in 120 d
     checks += x.dm.schedule_state().at(0).checked ? 1 : 0;
     const auto& hp = x.hm.decode(0, x.host_token(t));
     x.hm.after_attention(0, x.host_token(t));
-    for (int h = 0; h < one_layer<TestType>::H; ++h) differing_plans += device_head(dp, h) != host_head(hp, h);
+    for (int h = 0; h < one_layer<TestType>::H; ++h) {
+      differing_plans += device_head(dp, h) != host_head(hp, h);
+    }
   }
   CHECK(checks == steps / 5);
   CHECK(allocating_steps == 0);
@@ -440,29 +464,34 @@ TEMPLATE_LIST_TEST_CASE("device heterocache: bad input is an error and leaves th
     x.ds.verify();
   };
   SECTION("a prompt that has ended cannot take another chunk") {
-    const twin<float, E> k(x.engine, std::vector<float>(static_cast<std::size_t>(X::H) * X::d, 0.5f));
-    const twin<float, E> q(x.engine, std::vector<float>(static_cast<std::size_t>(X::Q) * X::d, 0.5f));
+    const twin<float, E> k(x.engine,
+                           std::vector<float>(static_cast<std::size_t>(X::H) * X::d, 0.5f));
+    const twin<float, E> q(x.engine,
+                           std::vector<float>(static_cast<std::size_t>(X::Q) * X::d, 0.5f));
     using view = kvsift::kv_view<const float, nhd, typename X::space>;
-    CHECK_THROWS_WITH(
-        x.dm.prefill(0, typename X::device_method::chunk_type{0, view::contiguous(k.device.data(), 1, X::H, X::d),
-                                                              view::contiguous(k.device.data(), 1, X::H, X::d),
-                                                              view::contiguous(q.device.data(), 1, X::Q, X::d), n,
-                                                              true}),
-        Catch::Matchers::ContainsSubstring("heterocache.prefill") &&
-            Catch::Matchers::ContainsSubstring("request") &&
-            Catch::Matchers::ContainsSubstring("has not ended"));
+    CHECK_THROWS_WITH(x.dm.prefill(0,
+                                   typename X::device_method::chunk_type{
+                                       0, view::contiguous(k.device.data(), 1, X::H, X::d),
+                                       view::contiguous(k.device.data(), 1, X::H, X::d),
+                                       view::contiguous(q.device.data(), 1, X::Q, X::d), n, true}),
+                      Catch::Matchers::ContainsSubstring("heterocache.prefill") &&
+                          Catch::Matchers::ContainsSubstring("request") &&
+                          Catch::Matchers::ContainsSubstring("has not ended"));
     unchanged();
   }
   SECTION("a prompt longer than the device tier") {
     kvsift::thrust::tiered_store<float, E> small(x.e, X::one, 1, 64, 16);
     typename X::device_method m(small, X::params(2, 0.5));
-    const twin<float, E> k(x.engine, std::vector<float>(static_cast<std::size_t>(20) * X::H * X::d, 0.5f));
-    const twin<float, E> q(x.engine, std::vector<float>(static_cast<std::size_t>(20) * X::Q * X::d, 0.5f));
+    const twin<float, E> k(x.engine,
+                           std::vector<float>(static_cast<std::size_t>(20) * X::H * X::d, 0.5f));
+    const twin<float, E> q(x.engine,
+                           std::vector<float>(static_cast<std::size_t>(20) * X::Q * X::d, 0.5f));
     using view = kvsift::kv_view<const float, nhd, typename X::space>;
-    CHECK_THROWS_WITH(m.prefill(0, typename X::device_method::chunk_type{
-                                       0, view::contiguous(k.device.data(), 20, X::H, X::d),
-                                       view::contiguous(k.device.data(), 20, X::H, X::d),
-                                       view::contiguous(q.device.data(), 20, X::Q, X::d), 0, true}),
+    CHECK_THROWS_WITH(m.prefill(0,
+                                typename X::device_method::chunk_type{
+                                    0, view::contiguous(k.device.data(), 20, X::H, X::d),
+                                    view::contiguous(k.device.data(), 20, X::H, X::d),
+                                    view::contiguous(q.device.data(), 20, X::Q, X::d), 0, true}),
                       Catch::Matchers::ContainsSubstring("keys.tokens") &&
                           Catch::Matchers::ContainsSubstring("20") &&
                           Catch::Matchers::ContainsSubstring("device tier"));
@@ -477,9 +506,10 @@ TEMPLATE_LIST_TEST_CASE("device heterocache: bad input is an error and leaves th
     }
     const auto full = x.ds.resident_tokens();
     const auto full_pool = x.ds.host_tokens();
-    CHECK_THROWS_WITH(x.dm.decode(0, x.device_token(2)),
-                      Catch::Matchers::ContainsSubstring("heterocache.decode") &&
-                          Catch::Matchers::ContainsSubstring("room for one more token in the device tier"));
+    CHECK_THROWS_WITH(
+        x.dm.decode(0, x.device_token(2)),
+        Catch::Matchers::ContainsSubstring("heterocache.decode") &&
+            Catch::Matchers::ContainsSubstring("room for one more token in the device tier"));
     CHECK(x.ds.resident_tokens() == full);
     CHECK(x.ds.host_tokens() == full_pool);
     x.ds.verify();
@@ -497,8 +527,9 @@ TEMPLATE_LIST_TEST_CASE("device heterocache: bad input is an error and leaves th
   SECTION("roles that do not fit the model") {
     auto p = X::params(2, 0.5);
     p.roles[0].leader[1] = 3;  // a satellite led by an anchor
-    CHECK_THROWS_WITH(typename X::device_method(x.ds, p), Catch::Matchers::ContainsSubstring("leader[1]") &&
-                                                              Catch::Matchers::ContainsSubstring("a pivot"));
+    CHECK_THROWS_WITH(typename X::device_method(x.ds, p),
+                      Catch::Matchers::ContainsSubstring("leader[1]") &&
+                          Catch::Matchers::ContainsSubstring("a pivot"));
     unchanged();
   }
 }

@@ -110,7 +110,8 @@ struct stars_rank_key_fn {
     const int j = static_cast<int>(e % cap);
     const bool pad = j >= n;
     const float sc = pad ? 0.0f : scores[t * n + j];
-    keys[e] = (static_cast<std::uint64_t>(t) << 33) | (static_cast<std::uint64_t>(pad ? 1u : 0u) << 32) |
+    keys[e] = (static_cast<std::uint64_t>(t) << 33) |
+              (static_cast<std::uint64_t>(pad ? 1u : 0u) << 32) |
               static_cast<std::uint64_t>(descending_key(sc));
     items[e] = j;
   }
@@ -145,7 +146,8 @@ struct stars_compact_fn {
   KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
     const std::int32_t* d = desc + t * stars_take_fields;
     const std::int32_t* f = flags + t * cap;
-    const std::int32_t* pos = d[3] < 0 ? nullptr : positions + static_cast<std::int64_t>(d[3]) * cap;
+    const std::int32_t* pos =
+        d[3] < 0 ? nullptr : positions + static_cast<std::int64_t>(d[3]) * cap;
     std::int32_t* o = out + d[2];
     for (int j = 0; j < cap; ++j) {
       if (f[j] != 0) *o++ = pos == nullptr ? j : pos[j];
@@ -159,7 +161,7 @@ struct stars_compact_fn {
 // missing[i] = the new part's rows not resident (0 without a drift).
 struct stars_record_fn {
   const std::int32_t* desc;
-  const std::int32_t* drift;           // [P] the check's decisions
+  const std::int32_t* drift;  // [P] the check's decisions
   const std::int32_t* picked;
   const std::int32_t* plan_positions;  // the store's [sequences, cap]
   std::int64_t seq0;                   // sequence of head 0 of (request, layer)
@@ -299,7 +301,8 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         layer_budgets_(static_cast<std::size_t>(layers_), -1),
         info_(layout(m.parts().roles.p.layers, H_)),
         pmax_(max_of(info_, [](const layer_info& l) { return static_cast<int>(l.pivots.size()); })),
-        fmax_(max_of(info_, [](const layer_info& l) { return static_cast<int>(l.satellites.size()); })),
+        fmax_(max_of(info_,
+                     [](const layer_info& l) { return static_cast<int>(l.satellites.size()); })),
         rows_(std::max(H_, pmax_ * W_)),
         takes_(std::max(H_ + pmax_, pmax_ * W_ + fmax_)),
         keys_pk_(exec_, per() * d_),
@@ -308,9 +311,10 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         qpos_(exec_, 1),
         ring_(exec_, slots_.size() * ring_per()),
         scores_(exec_, rows_ * static_cast<std::size_t>(cap_)),
-        score_ws_(exec_, std::max(thrust::query_attention_workspace_bytes(static_cast<std::int64_t>(per()), G_, 1),
-                                  thrust::query_attention_workspace_bytes(static_cast<std::int64_t>(pmax_) * cap_,
-                                                                          G_, W_))),
+        score_ws_(exec_, std::max(thrust::query_attention_workspace_bytes(
+                                      static_cast<std::int64_t>(per()), G_, 1),
+                                  thrust::query_attention_workspace_bytes(
+                                      static_cast<std::int64_t>(pmax_) * cap_, G_, W_))),
         drift_ws_(exec_, thrust::drift_medians_workspace_bytes(pmax_, W_)),
         off_a_(exec_, rows_ + 1),
         off_b_(exec_, rows_ + 1),
@@ -318,7 +322,8 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         sort_items_(exec_, rows_ * static_cast<std::size_t>(cap_)),
         flags_(exec_, takes_ * static_cast<std::size_t>(cap_)),
         picked_(exec_, takes_ * static_cast<std::size_t>(cap_)),
-        desc_(exec_, (takes_ + static_cast<std::size_t>(fmax_)) * thrust::detail::stars_take_fields),
+        desc_(exec_,
+              (takes_ + static_cast<std::size_t>(fmax_)) * thrust::detail::stars_take_fields),
         reference_(exec_, slots_.size() * pivot_per()),
         next_reference_(exec_, slots_.size() * pivot_per()),
         median_(exec_, slots_.size() * static_cast<std::size_t>(pmax_)),
@@ -333,7 +338,8 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     // per layer its pivots (monitored first) at l * H; every head 0..H-1 at layers * H
     std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_ + 1) * H_, 0);
     for (int l = 0; l < layers_; ++l) {
-      std::copy(info_[l].pivots.begin(), info_[l].pivots.end(), heads.begin() + static_cast<std::ptrdiff_t>(l) * H_);
+      std::copy(info_[l].pivots.begin(), info_[l].pivots.end(),
+                heads.begin() + static_cast<std::ptrdiff_t>(l) * H_);
     }
     for (int h = 0; h < H_; ++h) heads[static_cast<std::size_t>(layers_) * H_ + h] = h;
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(heads), heads_d_);
@@ -343,12 +349,14 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     // arena's cache in every step)
     std::vector<std::int64_t> done;
     for (int l = 0; l <= layers_; ++l) {
-      const std::int64_t N = static_cast<std::int64_t>(l < layers_ ? info_[l].monitored * W_ : H_) * cap_;
+      const std::int64_t N =
+          static_cast<std::int64_t>(l < layers_ ? info_[l].monitored * W_ : H_) * cap_;
       if (N == 0 || std::find(done.begin(), done.end(), N) != done.end()) continue;
       done.push_back(N);
       ::thrust::fill_n(policy, sort_keys_.data(), N, std::uint64_t{0});
       ::thrust::fill_n(policy, sort_items_.data(), N, 0);
-      ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N, sort_items_.data());
+      ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N,
+                                   sort_items_.data());
     }
   }
   state(state&&) noexcept = default;
@@ -399,7 +407,9 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     return parts_.data() + slot * satellite_per();
   }
   // The satellites of monitored pivots of a layer, in record order.
-  [[nodiscard]] const std::vector<int>& satellites(int layer) const { return info_[layer].satellites; }
+  [[nodiscard]] const std::vector<int>& satellites(int layer) const {
+    return info_[layer].satellites;
+  }
   // Tests only: while true, decode() does not install recorded recalls (they stay recorded and
   // the satellites keep their old rows: stale, as a forgotten install would leave them). The next
   // check still installs a recorded one first (decisions apply in order).
@@ -413,10 +423,13 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
                       slots_[m.slot(c.request, layer)].prompt_end < 0);
   }
   template <class M>
-  void check_prefill(const M& m, std::string_view where, int layer, std::span<const chunk_type> chunks,
-                     const prefill_totals& tot) const {
+  void check_prefill(const M& m, std::string_view where, int layer,
+                     std::span<const chunk_type> chunks, const prefill_totals& tot) const {
     for (const auto& c : chunks) {
-      if (c.last) m.parts().roles.check_prompt(where, m.store().host_length(c.request, layer) + tot.added[c.request]);
+      if (c.last) {
+        m.parts().roles.check_prompt(
+            where, m.store().host_length(c.request, layer) + tot.added[c.request]);
+      }
     }
   }
 
@@ -521,13 +534,14 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
  private:
   // The roles of one layer as the device state uses them (host, from params::roles).
   struct layer_info {
-    std::vector<int> pivots;           // the monitored pivots (with satellites) first, then the others
+    std::vector<int> pivots;  // the monitored pivots (with satellites) first, then the others
     int monitored = 0;
     std::vector<int> satellites;       // the monitored pivots' satellites, by pivot then head
     std::vector<int> satellite_pivot;  // index in `pivots` of each satellite's pivot
     std::vector<unsigned char> full;   // [H] keeps its whole KV (volatile, pivot)
   };
-  static std::vector<layer_info> layout(const std::vector<roles::stars::layer_roles>& layers, int H) {
+  static std::vector<layer_info> layout(const std::vector<roles::stars::layer_roles>& layers,
+                                        int H) {
     std::vector<layer_info> out(layers.size());
     for (std::size_t l = 0; l < layers.size(); ++l) {
       const auto& r = layers[l];
@@ -537,7 +551,9 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         li.full.push_back(budget::full_kv(r.roles[h]) ? 1 : 0);
         if (r.roles[h] != role::pivot) continue;
         bool sats = false;
-        for (int x = 0; x < H; ++x) sats = sats || (r.roles[x] == role::satellite && r.leader[x] == h);
+        for (int x = 0; x < H; ++x) {
+          sats = sats || (r.roles[x] == role::satellite && r.leader[x] == h);
+        }
         (sats ? li.pivots : others).push_back(h);
       }
       li.monitored = static_cast<int>(li.pivots.size());
@@ -559,7 +575,9 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     return m;
   }
   [[nodiscard]] std::size_t per() const { return static_cast<std::size_t>(H_) * cap_; }
-  [[nodiscard]] std::size_t ring_per() const { return static_cast<std::size_t>(W_) * pmax_ * G_ * d_; }
+  [[nodiscard]] std::size_t ring_per() const {
+    return static_cast<std::size_t>(W_) * pmax_ * G_ * d_;
+  }
   [[nodiscard]] std::size_t pivot_per() const { return static_cast<std::size_t>(pmax_) * cap_; }
   [[nodiscard]] std::size_t satellite_per() const { return static_cast<std::size_t>(fmax_) * cap_; }
   // The index of `head` among the monitored pivots of the slot's layer when its last
@@ -590,36 +608,41 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     auto& st = m.store();
     const auto policy = exec_.policy();
     const std::int64_t seq0 = st.shape().sequence(request, layer, 0);
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
-                         static_cast<std::int64_t>(S) * L * d_,
-                         thrust::detail::gather_plan_rows_fn<T>{st.tier_keys(), st.plan_slots(),
-                                                                st.plan_positions(), heads, seq0, L,
-                                                                cap_, d_, keys_pk_.data(), pos_pk_.data()});
+    ::thrust::for_each_n(
+        policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(S) * L * d_,
+        thrust::detail::gather_plan_rows_fn<T>{st.tier_keys(), st.plan_slots(), st.plan_positions(),
+                                               heads, seq0, L, cap_, d_, keys_pk_.data(),
+                                               pos_pk_.data()});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), S + 1,
                          thrust::detail::uniform_offsets_fn{L, L, off_a_.data(), off_a_.data()});
-    const thrust::segmented_rows<T> keys{keys_pk_.data(), off_a_.data(), pos_pk_.data(),
-                                         static_cast<std::int64_t>(cap_) * d_, S, d_};
+    const std::int64_t stride = static_cast<std::int64_t>(cap_) * d_;
+    const thrust::segmented_rows<T> keys{keys_pk_.data(), off_a_.data(), pos_pk_.data(), stride, S,
+                                         d_};
     const thrust::window_queries wq{queries, qpos_.data(), nq, S, G_};
-    thrust::query_attention_scores(policy, keys, wq, static_cast<std::int64_t>(S) * L, kernel, pooling::avg,
-                                   gqa_reduce::max, scores_.data(), score_ws_.data(), score_ws_.size());
+    thrust::query_attention_scores(policy, keys, wq, static_cast<std::int64_t>(S) * L, kernel,
+                                   pooling::avg, gqa_reduce::max, scores_.data(), score_ws_.data(),
+                                   score_ws_.size());
   }
 
   // Ranks `rows` score rows of n (scores_) in the fixed [rows, cap] layout, then runs the takes
   // of desc_ (uploaded by the caller, `takes` of them) into picked_.
   void take_top(int rows, int n, int takes) {
     const auto policy = exec_.policy();
-    const std::int64_t N = static_cast<std::int64_t>(rows) * cap_;  // fixed per layer: the sort's scratch repeats
+    // fixed per layer (rows x tier capacity, not x n): the sort's scratch repeats
+    const std::int64_t N = static_cast<std::int64_t>(rows) * cap_;
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), N,
-                         thrust::detail::stars_rank_key_fn{scores_.data(), n, cap_, sort_keys_.data(),
-                                                           sort_items_.data()});
-    ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N, sort_items_.data());
+                         thrust::detail::stars_rank_key_fn{scores_.data(), n, cap_,
+                                                           sort_keys_.data(), sort_items_.data()});
+    ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N,
+                                 sort_items_.data());
     const std::int64_t F = static_cast<std::int64_t>(takes) * cap_;
     ::thrust::fill_n(policy, flags_.data(), F, 0);
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), F,
-                         thrust::detail::stars_flag_top_fn{sort_items_.data(), desc_.data(), cap_, flags_.data()});
+    ::thrust::for_each_n(
+        policy, ::thrust::counting_iterator<std::int64_t>(0), F,
+        thrust::detail::stars_flag_top_fn{sort_items_.data(), desc_.data(), cap_, flags_.data()});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), takes,
-                         thrust::detail::stars_compact_fn{flags_.data(), desc_.data(), pos_pk_.data(), cap_,
-                                                          picked_.data()});
+                         thrust::detail::stars_compact_fn{flags_.data(), desc_.data(),
+                                                          pos_pk_.data(), cap_, picked_.data()});
   }
 
   // The prompt's round of one request: every head scored with the last query; the kept plan
@@ -632,8 +655,8 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     const std::int32_t* all = heads_d_.data() + static_cast<std::size_t>(layers_) * H_;
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
                          static_cast<std::int64_t>(H_) * G_ * d_,
-                         thrust::detail::gather_query_groups_fn<space>{c.queries, c.queries.tokens - 1, all, G_,
-                                                                      qg_.data()});
+                         thrust::detail::gather_query_groups_fn<space>{
+                             c.queries, c.queries.tokens - 1, all, G_, qg_.data()});
     const std::int32_t qpos = s.prompt_end - 1;
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(&qpos, 1), qpos_);
     score_rows(m, layer, c.request, all, H_, n, qg_.data(), 1, m.parts().scorer.p.kernel);
@@ -648,7 +671,10 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
       at += k;
     }
     const int P = static_cast<int>(li.pivots.size());
-    for (int p = 0; p < P; ++p) desc_host_.insert(desc_host_.end(), {li.pivots[p], s.roles.base, at + p * s.roles.base, li.pivots[p]});
+    for (int p = 0; p < P; ++p) {
+      desc_host_.insert(desc_host_.end(),
+                        {li.pivots[p], s.roles.base, at + p * s.roles.base, li.pivots[p]});
+    }
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(desc_host_), desc_);
     take_top(H_, n, H_ + P);
     m.store().retain(c.request, layer, counts_, picked_.data());
@@ -676,7 +702,9 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     // takes: each (pivot, window query)'s top base, then each satellite's top min(n, cap_s) of
     // its pivot's newest row; then the satellites' record descriptors
     desc_host_.clear();
-    for (int t = 0; t < P * W_; ++t) desc_host_.insert(desc_host_.end(), {t, base, t * base, t / W_});
+    for (int t = 0; t < P * W_; ++t) {
+      desc_host_.insert(desc_host_.end(), {t, base, t * base, t / W_});
+    }
     int at = P * W_ * base;
     for (int i = 0; i < F; ++i) {
       const int p = li.satellite_pivot[i];
@@ -693,8 +721,9 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(desc_host_), desc_);
     take_top(P * W_, n, P * W_ + F);
     // the probe: drift[p] = median over the window of overlap(set, reference) < tau_drift
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), P * W_ + 1,
-                         thrust::detail::uniform_offsets_fn{base, base, off_b_.data(), off_b_.data()});
+    ::thrust::for_each_n(
+        policy, ::thrust::counting_iterator<std::int64_t>(0), P * W_ + 1,
+        thrust::detail::uniform_offsets_fn{base, base, off_b_.data(), off_b_.data()});
     std::int32_t* drift = drift_.data() + slot * pmax_;
     std::int32_t* reference = reference_.data() + slot * pivot_per();
     thrust::drift_medians(policy, off_b_.data(), picked_.data(), off_b_.data(), reference, P, W_,
@@ -702,18 +731,21 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
                           drift_ws_.data(), drift_ws_.size());
     // the record: both outcomes' shapes, chosen per pivot on the device
     if (base > 0) {
-      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(P) * base,
-                           thrust::detail::stars_next_reference_fn{drift, picked_.data(), reference, W_, base,
-                                                                   next_reference_.data() + slot * pivot_per()});
+      ::thrust::for_each_n(
+          policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(P) * base,
+          thrust::detail::stars_next_reference_fn{drift, picked_.data(), reference, W_, base,
+                                                  next_reference_.data() + slot * pivot_per()});
     }
-    const std::int32_t* sat_desc = desc_.data() + static_cast<std::size_t>(P * W_ + F) * thrust::detail::stars_take_fields;
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), F,
-                         thrust::detail::stars_record_fn{sat_desc, drift, picked_.data(),
-                                                         m.store().plan_positions(),
-                                                         m.store().shape().sequence(request, layer, 0), cap_,
-                                                         parts_.data() + slot * satellite_per(), missing_.data()});
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), 1,
-                         thrust::detail::stars_count_fn{drift, P, missing_.data(), F, counters_.data()});
+    const std::int32_t* sat_desc =
+        desc_.data() + static_cast<std::size_t>(P * W_ + F) * thrust::detail::stars_take_fields;
+    ::thrust::for_each_n(
+        policy, ::thrust::counting_iterator<std::int64_t>(0), F,
+        thrust::detail::stars_record_fn{sat_desc, drift, picked_.data(), m.store().plan_positions(),
+                                        m.store().shape().sequence(request, layer, 0), cap_,
+                                        parts_.data() + slot * satellite_per(), missing_.data()});
+    ::thrust::for_each_n(
+        policy, ::thrust::counting_iterator<int>(0), 1,
+        thrust::detail::stars_count_fn{drift, P, missing_.data(), F, counters_.data()});
     checks_ += P;
     s.checked = true;
     s.recorded = true;
@@ -740,10 +772,11 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     const auto policy = exec_.policy();
     if (F > 0) {
       thrust::copy_to_device(exec_, std::span<const std::int32_t>(offsets_host_), target_offsets_);
-      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), offsets_host_.back(),
-                           thrust::detail::stars_targets_fn{target_offsets_.data(), F,
-                                                            parts_.data() + slot * satellite_per(), cap_,
-                                                            s.steps, s.prompt_end, targets_.data()});
+      ::thrust::for_each_n(
+          policy, ::thrust::counting_iterator<std::int64_t>(0), offsets_host_.back(),
+          thrust::detail::stars_targets_fn{target_offsets_.data(), F,
+                                           parts_.data() + slot * satellite_per(), cap_, s.steps,
+                                           s.prompt_end, targets_.data()});
       m.store().install(seqs_, counts_, targets_.data());
     }
     const std::int64_t refs = static_cast<std::int64_t>(li.monitored) * s.roles.base;
@@ -758,9 +791,9 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   int H_, G_, d_, cap_, layers_, W_;
   std::vector<slot_state> slots_;  // [requests * layers]
   std::vector<int> layer_budgets_;
-  std::vector<layer_info> info_;   // [layers]
-  int pmax_, fmax_;                // the most pivots, monitored pivots' satellites of a layer
-  std::size_t rows_, takes_;       // the most ranked rows and takes of a prefill or a check
+  std::vector<layer_info> info_;  // [layers]
+  int pmax_, fmax_;               // the most pivots, monitored pivots' satellites of a layer
+  std::size_t rows_, takes_;      // the most ranked rows and takes of a prefill or a check
   std::int64_t checks_ = 0;
   bool skip_installs_ = false;
   // E memory, allocated once
@@ -777,9 +810,9 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   thrust::buffer<std::int32_t, E> reference_, next_reference_;  // [slots, pivots, base]
   thrust::buffer<double, E> median_;                            // [slots, monitored pivots]
   thrust::buffer<std::int32_t, E> drift_;
-  thrust::buffer<std::int32_t, E> parts_;                       // [slots, satellites, cap]
+  thrust::buffer<std::int32_t, E> parts_;  // [slots, satellites, cap]
   thrust::buffer<std::int32_t, E> missing_;
-  thrust::buffer<std::int64_t, E> counters_;                    // drift events, rows recalled
+  thrust::buffer<std::int64_t, E> counters_;  // drift events, rows recalled
   thrust::buffer<std::int32_t, E> target_offsets_, targets_;
   thrust::buffer<std::int32_t, E> heads_d_;
   detail::device_two_tier<T, E> step_;  // the decode step's append, plan and attention

@@ -70,8 +70,7 @@ class device_two_tier {
     require(tot.added[c.request] + c.keys.tokens <= room, where, "keys.tokens", c.keys.tokens,
             "<= the room left in the host pool (" + std::to_string(room) + ")");
     const int tier_room = cap_ - st.host_length(c.request, layer);
-    require(tot.added[c.request] + c.keys.tokens <= tier_room, where, "keys.tokens",
-            c.keys.tokens,
+    require(tot.added[c.request] + c.keys.tokens <= tier_room, where, "keys.tokens", c.keys.tokens,
             "<= the room left in the device tier (" + std::to_string(tier_room) +
                 "): the whole prompt is resident until its end");
   }
