@@ -13,7 +13,8 @@
 //   capture  every decode step (decode + attend + after_attention) after the first, correcting
 //            or not, allocates nothing and reads nothing back (exec::sim's counters).
 // And: a chosen selection that is not installed leaves stale rows; bad input throws
-// kvsift::error and leaves the store (and the method) as they were.
+// kvsift::error and leaves the store (and the method) as they were; a device tier too small for
+// a call's chunks or a step's working set is refused before anything changes.
 
 #include <kvsift/device/speculative.hpp>
 #include <kvsift/method/freekv.hpp>
@@ -48,6 +49,9 @@ using device_execs = std::tuple<exec::sim_cpp, exec::sim_omp>;
 #else
 using device_execs = std::tuple<exec::sim_cpp>;
 #endif
+
+template <class U, class Space = kvsift::host_space>
+using cview = kvsift::kv_view<const U, nhd, Space>;
 
 constexpr model_shape shape{.layers = 3, .q_heads = 8, .kv_heads = 4, .head_dim = 16};
 constexpr int requests = 3;
@@ -91,7 +95,8 @@ std::vector<std::int32_t> offsets_of(const kvsift::index_sets& s) {
 // Every head-sequence's working set holds the same positions on both (the device's plan order is
 // by position, as store::tiered's slots).
 template <class T, class E>
-void check_working_sets(const kvsift::store::tiered<T>& hs, const kvsift::thrust::tiered_store<T, E>& ds) {
+void check_working_sets(const kvsift::store::tiered<T>& hs,
+                        const kvsift::thrust::tiered_store<T, E>& ds) {
   for (std::int64_t seq = 0; seq < ds.sequences(); ++seq) {
     INFO("head-sequence " << seq);
     REQUIRE(ds.length(seq) == hs.length(seq));
@@ -104,14 +109,14 @@ void check_working_sets(const kvsift::store::tiered<T>& hs, const kvsift::thrust
 // Each request's query per layer drifts: q_t = 0.8 q_{t-1} + 0.6 noise (a group-mean cosine
 // around 0.8, the trigger's threshold), so some heads correct and others reuse.
 struct drifting_queries {
+  static constexpr int row_size = shape.q_heads * shape.head_dim;
   std::vector<float> q;  // [requests, layers, q_heads, d]
   explicit drifting_queries(std::mt19937& rng)
-      : q(random_array<float>(rng, static_cast<std::size_t>(requests) * shape.layers * shape.q_heads *
-                                       shape.head_dim)) {}
+      : q(random_array<float>(rng, static_cast<std::size_t>(requests) * shape.layers * row_size)) {}
   const float* next(std::mt19937& rng, int r, int l) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    float* row = q.data() + (static_cast<std::size_t>(r) * shape.layers + l) * shape.q_heads * shape.head_dim;
-    for (int j = 0; j < shape.q_heads * shape.head_dim; ++j) row[j] = 0.8f * row[j] + 0.6f * nd(rng);
+    float* row = q.data() + (static_cast<std::size_t>(r) * shape.layers + l) * row_size;
+    for (int j = 0; j < row_size; ++j) row[j] = 0.8f * row[j] + 0.6f * nd(rng);
     return row;
   }
 };
@@ -150,16 +155,12 @@ void run_pair(std::uint32_t seed, int dense_layers) {
         const std::size_t qo = (static_cast<std::size_t>(l) * n + at) * Q * d;
         const bool last = at + len == n;
         const int qt = last && !last_queries ? 0 : len;
-        kvsift::prefill_chunk<T> hc{r,
-                                    kvsift::kv_view<const T, nhd>::contiguous(k.data() + ko, len, H, d),
-                                    kvsift::kv_view<const T, nhd>::contiguous(v.data() + ko, len, H, d),
-                                    kvsift::kv_view<const float, nhd>::contiguous(q.data() + qo, qt, Q, d),
-                                    at, last};
-        dchunk dc{r,
-                  kvsift::kv_view<const T, nhd, space>::contiguous(kd.device.data() + ko, len, H, d),
-                  kvsift::kv_view<const T, nhd, space>::contiguous(vd.device.data() + ko, len, H, d),
-                  kvsift::kv_view<const float, nhd, space>::contiguous(qd.device.data() + qo, qt, Q, d),
-                  at, last};
+        kvsift::prefill_chunk<T> hc{r, cview<T>::contiguous(k.data() + ko, len, H, d),
+                                    cview<T>::contiguous(v.data() + ko, len, H, d),
+                                    cview<float>::contiguous(q.data() + qo, qt, Q, d), at, last};
+        dchunk dc{r, cview<T, space>::contiguous(kd.device.data() + ko, len, H, d),
+                  cview<T, space>::contiguous(vd.device.data() + ko, len, H, d),
+                  cview<float, space>::contiguous(qd.device.data() + qo, qt, Q, d), at, last};
         hm.prefill(l, hc);
         dm.prefill(l, dc);
         at += len;
@@ -233,7 +234,8 @@ void run_pair(std::uint32_t seed, int dense_layers) {
       REQUIRE(flags == hm.corrections());
       for (std::size_t s = 0; s < flags.size(); ++s) {
         const int r = batch[s / H];
-        const bool over = hp.pages.size(static_cast<int>(s)) == params.budget / page && l >= dense_layers;
+        const bool over =
+            hp.pages.size(static_cast<int>(s)) == params.budget / page && l >= dense_layers;
         corrections += flags[s];
         reuses += over && hm.step(r, l) >= 2 && flags[s] == 0 ? 1 : 0;
       }
@@ -285,20 +287,19 @@ struct single {
     const auto v = random_array<float>(rng, k.size());
     const auto q = random_array<float>(rng, static_cast<std::size_t>(n) * Q * d);
     twin<float, E> kd(engine, k), vd(engine, v), qd(engine, q);
-    hm.prefill(0, kvsift::prefill_chunk<float>{0, kvsift::kv_view<const float, nhd>::contiguous(k.data(), n, H, d),
-                                               kvsift::kv_view<const float, nhd>::contiguous(v.data(), n, H, d),
-                                               kvsift::kv_view<const float, nhd>::contiguous(q.data(), n, Q, d),
-                                               0, true});
+    hm.prefill(0, kvsift::prefill_chunk<float>{0, cview<float>::contiguous(k.data(), n, H, d),
+                                               cview<float>::contiguous(v.data(), n, H, d),
+                                               cview<float>::contiguous(q.data(), n, Q, d), 0,
+                                               true});
     dm.prefill(0, typename kvsift::freekv_on<float, E>::chunk_type{
-                      0, kvsift::kv_view<const float, nhd, space>::contiguous(kd.device.data(), n, H, d),
-                      kvsift::kv_view<const float, nhd, space>::contiguous(vd.device.data(), n, H, d),
-                      kvsift::kv_view<const float, nhd, space>::contiguous(qd.device.data(), n, Q, d), 0,
-                      true});
+                      0, cview<float, space>::contiguous(kd.device.data(), n, H, d),
+                      cview<float, space>::contiguous(vd.device.data(), n, H, d),
+                      cview<float, space>::contiguous(qd.device.data(), n, Q, d), 0, true});
     sk = random_array<float>(rng, static_cast<std::size_t>(steps) * H * d);
     sv = random_array<float>(rng, sk.size());
     sq = random_array<float>(rng, static_cast<std::size_t>(steps) * Q * d);
     for (int t = 1; t < steps; ++t) {  // drifting queries
-      for (int j = 0; j < Q * d; ++j) sq[t * Q * d + j] = 0.8f * sq[(t - 1) * Q * d + j] + 0.6f * sq[t * Q * d + j];
+      for (int j = t * Q * d; j < (t + 1) * Q * d; ++j) sq[j] = 0.8f * sq[j - Q * d] + 0.6f * sq[j];
     }
     skd = buffer<float, E>(engine, sk.size());
     svd = buffer<float, E>(engine, sv.size());
@@ -328,12 +329,14 @@ struct single {
 
 }  // namespace
 
-TEMPLATE_LIST_TEST_CASE("device freekv: method<thrust::tiered_store> on exec::sim equals exec::host",
+TEMPLATE_LIST_TEST_CASE("device freekv: method<thrust::tiered_store> on exec::sim equals "
+                        "exec::host",
                         "[thrust][method][freekv]", device_execs) {
   using E = TestType;
   for (const int dense_layers : {0, 1}) {
     for (const std::uint32_t seed : {41u, 42u}) {
-      const std::string tag = " dense " + std::to_string(dense_layers) + " seed " + std::to_string(seed);
+      const std::string tag =
+          " dense " + std::to_string(dense_layers) + " seed " + std::to_string(seed);
       SECTION("f32" + tag) { run_pair<float, E>(seed, dense_layers); }
       SECTION("bf16" + tag) { run_pair<kvsift::bfloat16, E>(seed, dense_layers); }
       SECTION("f16" + tag) { run_pair<kvsift::half, E>(seed, dense_layers); }
@@ -385,7 +388,8 @@ TEMPLATE_LIST_TEST_CASE("device freekv: no allocation or read-back in 120 decode
                                         .tau = 0.8, .dense_layers = 0};
   const int steps = 120, n = 300;
   single<E> s(n, steps, p, n + steps);
-  buffer<float, E> out(s.engine, static_cast<std::size_t>(single<E>::one.q_heads) * single<E>::one.head_dim);
+  constexpr model_shape one = single<E>::one;
+  buffer<float, E> out(s.engine, static_cast<std::size_t>(one.q_heads) * one.head_dim);
   int allocating_steps = 0, reading_steps = 0;
   for (int t = 0; t < steps; ++t) {
     const auto tok = s.device(t);
@@ -401,10 +405,12 @@ TEMPLATE_LIST_TEST_CASE("device freekv: no allocation or read-back in 120 decode
   CHECK(reading_steps == 0);
   const auto made = s.dm.corrections_made();
   CHECK(made > 0);
-  CHECK(made < static_cast<std::int64_t>(steps - 1) * single<E>::one.kv_heads);  // some reuse
+  CHECK(made < static_cast<std::int64_t>(steps - 1) * one.kv_heads);  // some reuse
   CHECK(s.dm.stats().bytes_transferred > 0);
-  CHECK(s.ds.resident_tokens() == static_cast<std::int64_t>(single<E>::one.kv_heads) *
-                                      ((128 / 16 - 1) * 16 + (n + steps) - ((n + steps + 15) / 16 - 1) * 16));
+  // B/p - 1 full pages and the current one
+  const int pool = n + steps;
+  const int held = (128 / 16 - 1) * 16 + pool - (pool - 1) / 16 * 16;
+  CHECK(s.ds.resident_tokens() == one.kv_heads * held);
   s.ds.check();
   s.ds.verify();
 }
@@ -424,7 +430,7 @@ TEMPLATE_LIST_TEST_CASE("device freekv: bad input throws and leaves the store un
   const auto before = s.dm.stats();
   // a prompt chunk while a selection is pending
   buffer<float, E> kv(s.engine, static_cast<std::size_t>(4) * 16);
-  const auto view = kvsift::kv_view<const float, nhd, space>::contiguous(kv.data(), 1, 4, 16);
+  const auto view = cview<float, space>::contiguous(kv.data(), 1, 4, 16);
   const typename kvsift::freekv_on<float, E>::chunk_type chunk{0, view, view, {}, 100, true};
   REQUIRE_THROWS_WITH(s.dm.prefill(0, chunk), Catch::Matchers::ContainsSubstring("reset it first"));
   // a request out of range, a layer out of range, a null query
@@ -438,7 +444,8 @@ TEMPLATE_LIST_TEST_CASE("device freekv: bad input throws and leaves the store un
   // bad params: a budget below sink + window
   auto bad = p;
   bad.budget = 8;
-  REQUIRE_THROWS_WITH((kvsift::freekv_on<float, E>(s.ds, bad)), Catch::Matchers::ContainsSubstring("budget"));
+  REQUIRE_THROWS_WITH((kvsift::freekv_on<float, E>(s.ds, bad)),
+                      Catch::Matchers::ContainsSubstring("budget"));
   CHECK(s.ds.resident_tokens() == resident);
   CHECK(s.ds.host_length(0, 0) == pool);
   CHECK(s.dm.stats().refreshes == before.refreshes);
@@ -463,20 +470,21 @@ TEMPLATE_LIST_TEST_CASE("device freekv: no room in the device tier is refused up
   const E e{arena};
   constexpr model_shape one{.layers = 1, .q_heads = 8, .kv_heads = 4, .head_dim = 16};
   kvsift::thrust::tiered_store<float, E> ds(e, one, 1, 64, 24);
-  kvsift::freekv_on<float, E> dm(ds, {.page_size = 4, .budget = 32, .sink = 4, .window = 8, .dense_layers = 0});
+  kvsift::freekv_on<float, E> dm(
+      ds, {.page_size = 4, .budget = 32, .sink = 4, .window = 8, .dense_layers = 0});
   using space = typename E::memory_space;
   buffer<float, E> kv(e, static_cast<std::size_t>(30) * 4 * 16);
   ::thrust::fill_n(e.policy(), kv.data(), kv.size(), 0.5f);
   // two chunks in one call: 20 tokens fit, 20 + 10 do not; the first is not appended either
   using chunk = typename kvsift::freekv_on<float, E>::chunk_type;
-  const auto v20 = kvsift::kv_view<const float, nhd, space>::contiguous(kv.data(), 20, 4, 16);
-  const auto v10 = kvsift::kv_view<const float, nhd, space>::contiguous(kv.data(), 10, 4, 16);
+  const auto v20 = cview<float, space>::contiguous(kv.data(), 20, 4, 16);
+  const auto v10 = cview<float, space>::contiguous(kv.data(), 10, 4, 16);
   const std::vector<chunk> chunks{{0, v20, v20, {}, 0, false}, {0, v10, v10, {}, 20, true}};
   REQUIRE_THROWS_WITH(dm.prefill(0, chunks), Catch::Matchers::ContainsSubstring("device tier"));
   CHECK(ds.host_length(0, 0) == 0);
   CHECK(ds.resident_tokens() == 0);
   // a 24-token prompt fits; its first step needs 25 rows
-  const auto v24 = kvsift::kv_view<const float, nhd, space>::contiguous(kv.data(), 24, 4, 16);
+  const auto v24 = cview<float, space>::contiguous(kv.data(), 24, 4, 16);
   dm.prefill(0, chunk{0, v24, v24, {}, 0, true});
   CHECK(ds.resident_tokens() == 4 * 24);
   const kvsift::decode_token<float> tok{0, kv.data(), kv.data(), kv.data()};

@@ -166,8 +166,8 @@ struct freekv_page_positions_fn {
   KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
     const std::int64_t h = e / count;
     const int i = static_cast<int>(e % count);
-    const std::int64_t index = static_cast<std::int64_t>(pages[h * kp + i / page_size]) * page_size +
-                               i % page_size;
+    const std::int64_t index =
+        static_cast<std::int64_t>(pages[h * kp + i / page_size]) * page_size + i % page_size;
     out[e] = pool_positions[h * host_capacity + index];
   }
 };
@@ -252,14 +252,16 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
                               std::min<std::int64_t>(static_cast<std::int64_t>(budget_pages_) * ps_,
                                                      pool_cap_)),
         score_ws_(exec_, thrust::freekv_workspace_bytes(H_, G_)),
-        topk_ws_(exec_, thrust::segmented_topk_workspace_bytes(static_cast<std::int64_t>(H_) * page_cap_)),
+        topk_ws_(exec_, thrust::segmented_topk_workspace_bytes(static_cast<std::int64_t>(H_) *
+                                                               page_cap_)),
         plan_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ + 1),
         local_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * (H_ + 1)),
         plan_slots_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ * cap_),
         plan_positions_(exec_, plan_slots_.size()),
         plan_pages_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ * page_cap_),
         step_positions_(exec_, static_cast<std::size_t>(m.store().requests())),
-        attention_ws_(exec_, thrust::attention_workspace_bytes(static_cast<std::int64_t>(H_) * cap_, G_, 1)) {
+        attention_ws_(exec_, thrust::attention_workspace_bytes(static_cast<std::int64_t>(H_) * cap_,
+                                                               G_, 1)) {
     const auto policy = exec_.policy();
     std::vector<std::int32_t> window(static_cast<std::size_t>(H_) + 1, window_pages_);
     window.back() = 0;  // the padding segment protects nothing
@@ -344,8 +346,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       if (c.queries.tokens > 0) {
         ::thrust::for_each_n(exec_.policy(), ::thrust::counting_iterator<std::int64_t>(0),
                              static_cast<std::int64_t>(H_) * G_ * d_,
-                             thrust::detail::freekv_query_row_fn<space>{c.queries, c.queries.tokens - 1,
-                                                                        query_.data()});
+                             thrust::detail::freekv_query_row_fn<space>{
+                                 c.queries, c.queries.tokens - 1, query_.data()});
         score_pages(m, c.request, layer, query_.data(), P1);
         select_pages(P1, fresh_.data());
         kp = budget_pages_;
@@ -401,7 +403,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       ++s.steps;
       const int index = st.host_length(t.request, layer);  // the token's index in the pool
       const std::int32_t pos = st.next_position(t.request, layer);
-      st.append(t.request, layer, view::contiguous(t.key, 1, H_, d_), view::contiguous(t.value, 1, H_, d_), pos);
+      st.append(t.request, layer, view::contiguous(t.key, 1, H_, d_),
+                view::contiguous(t.value, 1, H_, d_), pos);
       host_positions_.push_back(pos);
       const int n = index + 1;
       const int P = pages_of(n);
@@ -411,7 +414,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       if (dense) {
         ::thrust::fill_n(policy, corrected, H_, 0);
         ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
-                             static_cast<std::int64_t>(H_) * kp, thrust::detail::freekv_every_page_fn{P, pages});
+                             static_cast<std::int64_t>(H_) * kp,
+                             thrust::detail::freekv_every_page_fn{P, pages});
       } else {
         settle(m, t, layer, s, index, pages, corrected);
       }
@@ -420,7 +424,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       seqs_.clear();
       for (int h = 0; h < H_; ++h) seqs_.push_back(sh.sequence(t.request, layer, h));
       st.plan_sorted(seqs_, local_offsets_.data() + static_cast<std::size_t>(i) * (H_ + 1),
-                     plan_slots_.data() + plan_base_.back(), plan_positions_.data() + plan_base_.back());
+                     plan_slots_.data() + plan_base_.back(),
+                     plan_positions_.data() + plan_base_.back());
       for (int h = 0; h < H_; ++h) {
         plan.offsets.push_back(plan.offsets.back() + st.length(seqs_[h]));
         plan.page_offsets.push_back(plan.page_offsets.back() + kp);
@@ -452,7 +457,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       const std::int64_t base = plan_base_[i];
       const std::int64_t total = plan.offsets[(i + 1) * H_] - base;
       thrust::attention_over(exec_.policy(), k, v, q,
-                             thrust::attention_plan{local_offsets_.data() + i * (H_ + 1), plan_slots_.data() + base},
+                             thrust::attention_plan{local_offsets_.data() + i * (H_ + 1),
+                                                    plan_slots_.data() + base},
                              static_cast<std::int64_t>(H_) * cap_, total,
                              out + i * sh.q_heads * sh.head_dim, nullptr, attention_ws_.data(),
                              attention_ws_.size());
@@ -503,7 +509,9 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
   [[nodiscard]] int pages_of(int tokens) const { return (tokens + ps_ - 1) / ps_; }
   // Tokens of kp selected pages of a layout of P pages over a pool of n tokens: every page full
   // but the layout's last (the current page, always selected), which holds n - (P - 1) p.
-  [[nodiscard]] int working_set(int n, int P, int kp) const { return (kp - 1) * ps_ + n - (P - 1) * ps_; }
+  [[nodiscard]] int working_set(int n, int P, int kp) const {
+    return (kp - 1) * ps_ + n - (P - 1) * ps_;
+  }
   [[nodiscard]] std::vector<std::int64_t> device_counters() const {
     std::vector<std::int64_t> c(2);
     thrust::copy_to_host(exec_, counters_, std::span<std::int64_t>(c));
@@ -520,8 +528,9 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), H_ + 1,
                          thrust::detail::freekv_rows_csr_fn{n, rows_offsets_.data()});
     const auto pool = st.pool();
-    const thrust::segmented_rows<T> keys{pool.keys + seq0 * pool_cap_ * d_, rows_offsets_.data(), nullptr,
-                                         static_cast<std::int64_t>(pool_cap_) * d_, H_, d_};
+    const thrust::segmented_rows<T> keys{pool.keys + seq0 * pool_cap_ * d_, rows_offsets_.data(),
+                                         nullptr, static_cast<std::int64_t>(pool_cap_) * d_, H_,
+                                         d_};
     const std::int64_t at = seq0 * page_cap_ * d_;
     thrust::page_digest_tail(policy, keys, ps_, pages_of(n) - from / ps_, kmin_.data() + at,
                              kmax_.data() + at, page_cap_);
@@ -541,7 +550,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
     thrust::freekv_group_scores_strided(policy, q, H_, G_, d_, kmin_.data() + at, kmax_.data() + at,
                                         page_cap_, page_offsets_.data(), H_,
                                         static_cast<std::int64_t>(H_) * P, ps_, sp.sink, sp.window,
-                                        sp.merge, page_scores_.data(), score_ws_.data(), score_ws_.size());
+                                        sp.merge, page_scores_.data(), score_ws_.data(),
+                                        score_ws_.size());
   }
 
   // select::freekv_pages over page_scores_ (P > B/p): the sink and window pages and the top
@@ -550,7 +560,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
     if (P == page_cap_) {  // the warm-up: the CSRs for a full layout
       ::thrust::for_each_n(exec_.policy(), ::thrust::counting_iterator<int>(0), H_ + 2,
                            thrust::detail::freekv_page_csr_fn{P, budget_pages_, H_, H_ * page_cap_,
-                                                              page_offsets_.data(), kept_offsets_.data()});
+                                                              page_offsets_.data(),
+                                                              kept_offsets_.data()});
     }
     thrust::segmented_topk(exec_.policy(), page_scores_.data(), page_offsets_.data(), H_ + 1,
                            static_cast<std::int64_t>(H_) * page_cap_, kept_offsets_.data(),
@@ -567,9 +578,9 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
     const std::int64_t seq0 = st.shape().sequence(request, layer, 0);
     ::thrust::for_each_n(exec_.policy(), ::thrust::counting_iterator<std::int64_t>(0),
                          static_cast<std::int64_t>(H_) * count,
-                         thrust::detail::freekv_page_positions_fn{pages, kp, count, ps_,
-                                                                  st.pool().positions + seq0 * pool_cap_,
-                                                                  pool_cap_, positions_.data()});
+                         thrust::detail::freekv_page_positions_fn{
+                             pages, kp, count, ps_, st.pool().positions + seq0 * pool_cap_,
+                             pool_cap_, positions_.data()});
     seqs_.clear();
     counts_.assign(static_cast<std::size_t>(H_), count);
     for (int h = 0; h < H_; ++h) seqs_.push_back(seq0 + h);
@@ -600,12 +611,13 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       select_pages(P, fresh_.data());
     } else {
       ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
-                           static_cast<std::int64_t>(H_) * kp, thrust::detail::freekv_every_page_fn{P, fresh_.data()});
+                           static_cast<std::int64_t>(H_) * kp,
+                           thrust::detail::freekv_every_page_fn{P, fresh_.data()});
     }
     float* prev = prev_q_.data() + slot * H_ * G_ * d_;
-    if (ready) {  // per KV head, on the device: correct (q_t's selection) or keep the speculative one
-      thrust::query_cosine_decisions(policy, t.query, prev, H_, G_, d_, m.parts().trigger.parameters().tau,
-                                     nullptr, flags_.data());
+    if (ready) {  // per KV head, on the device: correct (q_t's selection) or keep the speculation
+      thrust::query_cosine_decisions(policy, t.query, prev, H_, G_, d_,
+                                     m.parts().trigger.parameters().tau, nullptr, flags_.data());
       ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), 1,
                            thrust::detail::freekv_count_fn{flags_.data(), H_, counters_.data()});
       ::thrust::copy_n(policy, flags_.data(), H_, corrected);
@@ -613,8 +625,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
         ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), H_ + 1,
                              thrust::detail::freekv_rows_csr_fn{kp, rows_offsets_.data()});
         thrust::choose_sets(policy, rows_offsets_.data(), H_, static_cast<std::int64_t>(H_) * kp,
-                            flags_.data(), fresh_.data(), spec_pages_.data() + slot * H_ * budget_pages_,
-                            pages);
+                            flags_.data(), fresh_.data(),
+                            spec_pages_.data() + slot * H_ * budget_pages_, pages);
       } else {
         ::thrust::copy_n(policy, fresh_.data(), static_cast<std::int64_t>(H_) * kp, pages);
       }
@@ -623,9 +635,12 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       ::thrust::fill_n(policy, corrected, H_, 0);
       ::thrust::copy_n(policy, fresh_.data(), static_cast<std::int64_t>(H_) * kp, pages);
     }
-    ::thrust::copy_n(policy, t.query, static_cast<std::int64_t>(H_) * G_ * d_, prev);  // the trigger's state
+    // the trigger's state: q_t becomes the previous query
+    ::thrust::copy_n(policy, t.query, static_cast<std::int64_t>(H_) * G_ * d_, prev);
     // the working set becomes the chosen pages' tokens (the whole pool while it fits the budget)
-    if (over && !skip_installs_) install_pages(m, t.request, layer, pages, kp, working_set(n, P, kp));
+    if (over && !skip_installs_) {
+      install_pages(m, t.request, layer, pages, kp, working_set(n, P, kp));
+    }
   }
 
   E exec_;
