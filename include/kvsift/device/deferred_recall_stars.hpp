@@ -272,7 +272,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     std::int32_t prompt_end = -1;  // positions below it are the prompt; -1 before its end
     int steps = 0;                 // decode steps since the prompt ended
     int n = 0;                     // prompt tokens
-    int layer = 0;
+    int layer = 0;                 // the slot's layer (its roles)
     bool checked = false;   // the last after_attention ran a drift check
     bool recorded = false;  // a check's record, installed by the next decode
     roles_view roles{};
@@ -283,7 +283,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
       .changes_physical_length = true,
       .safe_with_shared_prefix = false,
       .needs_queries = true,
-      .cuda_graph_safe = false,  // the laws hold on exec::sim; no CUDA exec runs a method yet
+      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
       .speculative_decoding = false,
   };
   static constexpr bool after_attention_reads_queries = false;  // decode() keeps q_t
