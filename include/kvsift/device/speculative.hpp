@@ -34,15 +34,16 @@
 //             (n + 1 tokens) is over the budget, the working set becomes the pages the prompt's
 //             last query selects on it (sink and window only when the chunk carries no query):
 //             tiered_store::install of resident positions, nothing copied.
-//   decode t  appends the token, selects with q_t on step t's layout (n tokens), and when the
-//             pending selection was made for this layout (every step but the first), runs the
-//             trigger on the device (thrust::query_cosine_decisions against the previous query,
-//             kept in E memory): per KV head thrust::choose_sets takes q_t's selection (a
-//             correction) or the speculative one. No read-back: both have the same shape. The
-//             chosen pages' positions are installed (tiered_store::install copies only the rows
-//             that arrive: the speculative heads' recall and the corrected heads' synchronous
-//             one); the plan is every resident token by position (tiered_store::plan_sorted),
-//             the plan's pages the chosen pages.
+//   decode t  folds the token's key into its page's digest, selects with q_t on step t's layout
+//             (n tokens, the token's page the current one), and when the pending selection was
+//             made for this layout (every step but the first), runs the trigger on the device
+//             (thrust::query_cosine_decisions against the previous query, kept in E memory): per
+//             KV head thrust::choose_sets takes q_t's selection (a correction) or the speculative
+//             one. No read-back: both have the same shape. The chosen pages' positions but the
+//             token's own are installed (tiered_store::install copies only the rows that arrive:
+//             the speculative heads' recall and the corrected heads' synchronous one), then the
+//             token is appended to both tiers and the plan packed (detail::device_two_tier: every
+//             resident token by position); the plan's pages are the chosen pages.
 //   after t   selects with q_t on step t + 1's layout (n + 1 tokens) and RECORDS the pages in E
 //             memory. The host submits that recall to its transfer in the background; here the
 //             copy queue is lazy: the selection is installed by the request's next decode on the
@@ -75,12 +76,12 @@
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/device/one_tier.hpp>
+#include <kvsift/device/two_tier.hpp>
 #include <kvsift/method/freekv.hpp>
 #include <kvsift/method/lifecycle.hpp>
 #include <kvsift/method/schedule/speculative.hpp>
 #include <kvsift/score/freekv_pages.hpp>
 #include <kvsift/select/freekv_pages.hpp>
-#include <kvsift/thrust/attention.hpp>
 #include <kvsift/thrust/exec.hpp>
 #include <kvsift/thrust/freekv_pages.hpp>
 #include <kvsift/thrust/page_minmax.hpp>
@@ -190,7 +191,7 @@ struct freekv_count_fn {
 
 namespace kvsift {
 
-template <Element T, thrust::SimExec E, class Recipe>
+template <Element T, thrust::DeviceExec E, class Recipe>
 class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
   using Store = thrust::tiered_store<T, E>;
   using space = typename E::memory_space;
@@ -254,14 +255,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
         score_ws_(exec_, thrust::freekv_workspace_bytes(H_, G_)),
         topk_ws_(exec_, thrust::segmented_topk_workspace_bytes(static_cast<std::int64_t>(H_) *
                                                                page_cap_)),
-        plan_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ + 1),
-        local_offsets_(exec_, static_cast<std::size_t>(m.store().requests()) * (H_ + 1)),
-        plan_slots_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ * cap_),
-        plan_positions_(exec_, plan_slots_.size()),
         plan_pages_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ * page_cap_),
-        step_positions_(exec_, static_cast<std::size_t>(m.store().requests())),
-        attention_ws_(exec_, thrust::attention_workspace_bytes(static_cast<std::int64_t>(H_) * cap_,
-                                                               G_, 1)) {
+        step_(m.store()) {
     const auto policy = exec_.policy();
     std::vector<std::int32_t> window(static_cast<std::size_t>(H_) + 1, window_pages_);
     window.back() = 0;  // the padding segment protects nothing
@@ -372,44 +367,34 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
               "a head-sequence with room for one more token in the host pool");
       const int n = st.host_length(t.request, layer) + 1;
       const int P = pages_of(n);
-      const int installed = dense || skip_installs_ || P <= budget_pages_
-                                ? 0
-                                : working_set(n, P, budget_pages_);
+      const bool installs = !dense && !skip_installs_ && P > budget_pages_;
       for (int h = 0; h < H_; ++h) {
-        const int appended = st.length(t.request, layer, h) + 1;
-        require(std::max(appended, installed) <= cap_, where, "request", t.request,
+        const int rows = installs ? working_set(n, P, budget_pages_)
+                                  : st.length(t.request, layer, h) + 1;
+        require(rows <= cap_, where, "request", t.request,
                 "room in the device tier of KV head " + std::to_string(h) + " for this step (" +
-                    std::to_string(std::max(appended, installed)) + " rows of tier_capacity " +
-                    std::to_string(cap_) + ")");
+                    std::to_string(rows) + " rows of tier_capacity " + std::to_string(cap_) + ")");
       }
     }
   }
 
+  // Per request: the step's pages chosen (and installed, but for the step's own token), then
+  // every token appended and the plan packed (detail::device_two_tier).
   template <class M>
   void decode(M& m, int layer, std::span<const decode_token<T>> tokens, plan_type& plan) {
     auto& st = m.store();
-    const auto& sh = st.shape();
     const bool dense = layer < m.parameters().dense_layers;
     const auto policy = exec_.policy();
-    using view = kv_view<const T, nhd, space>;
     const int R = static_cast<int>(tokens.size());
-    host_positions_.clear();
-    plan.offsets.assign(1, 0);
-    plan.page_offsets.assign(1, 0);
-    plan_base_.clear();
+    page_offsets_host_.assign(1, 0);
     for (int i = 0; i < R; ++i) {
       const auto& t = tokens[i];
       auto& s = slots_[m.slot(t.request, layer)];
       ++s.steps;
       const int index = st.host_length(t.request, layer);  // the token's index in the pool
-      const std::int32_t pos = st.next_position(t.request, layer);
-      st.append(t.request, layer, view::contiguous(t.key, 1, H_, d_),
-                view::contiguous(t.value, 1, H_, d_), pos);
-      host_positions_.push_back(pos);
-      const int n = index + 1;
-      const int P = pages_of(n);
+      const int P = pages_of(index + 1);
       const int kp = dense ? P : std::min(P, budget_pages_);
-      std::int32_t* pages = plan_pages_.data() + plan.page_offsets.back();
+      std::int32_t* pages = plan_pages_.data() + page_offsets_host_.back();
       std::int32_t* corrected = corrected_.data() + static_cast<std::size_t>(i) * H_;
       if (dense) {
         ::thrust::fill_n(policy, corrected, H_, 0);
@@ -419,50 +404,18 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       } else {
         settle(m, t, layer, s, index, pages, corrected);
       }
-      // the plan: every resident token of each KV head, by position
-      plan_base_.push_back(plan.offsets.back());
-      seqs_.clear();
-      for (int h = 0; h < H_; ++h) seqs_.push_back(sh.sequence(t.request, layer, h));
-      st.plan_sorted(seqs_, local_offsets_.data() + static_cast<std::size_t>(i) * (H_ + 1),
-                     plan_slots_.data() + plan_base_.back(),
-                     plan_positions_.data() + plan_base_.back());
-      for (int h = 0; h < H_; ++h) {
-        plan.offsets.push_back(plan.offsets.back() + st.length(seqs_[h]));
-        plan.page_offsets.push_back(plan.page_offsets.back() + kp);
-      }
+      for (int h = 0; h < H_; ++h) page_offsets_host_.push_back(page_offsets_host_.back() + kp);
     }
-    plan_segments_ = R * H_;
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(plan.offsets), plan_offsets_);
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(host_positions_), step_positions_);
-    plan.device_offsets = plan_offsets_.data();
-    plan.slots = plan_slots_.data();
-    plan.positions = plan_positions_.data();
+    step_.append_and_plan(st, layer, tokens, plan);
+    plan.page_offsets = page_offsets_host_;
     plan.pages = plan_pages_.data();
+    plan_segments_ = R * H_;
   }
 
   // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
   template <class M>
   void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    const auto& st = m.store();
-    const auto& sh = st.shape();
-    const std::int64_t stride = static_cast<std::int64_t>(cap_) * d_;
-    const auto& plan = m.plan();
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      const std::int64_t seq0 = sh.sequence(tokens[i].request, layer, 0);
-      const thrust::segmented_rows<T> k{st.tier_keys() + seq0 * stride, st.slot_offsets(),
-                                        st.slot_positions() + seq0 * cap_, stride, H_, d_};
-      auto v = k;
-      v.data = st.tier_values() + seq0 * stride;
-      const thrust::window_queries q{tokens[i].query, step_positions_.data() + i, 1, H_, G_};
-      const std::int64_t base = plan_base_[i];
-      const std::int64_t total = plan.offsets[(i + 1) * H_] - base;
-      thrust::attention_over(exec_.policy(), k, v, q,
-                             thrust::attention_plan{local_offsets_.data() + i * (H_ + 1),
-                                                    plan_slots_.data() + base},
-                             static_cast<std::int64_t>(H_) * cap_, total,
-                             out + i * sh.q_heads * sh.head_dim, nullptr, attention_ws_.data(),
-                             attention_ws_.size());
-    }
+    step_.attend(m.store(), layer, tokens, m.plan(), out);
   }
 
   // The speculative selection of each request for its next step: q_t on the layout one token
@@ -570,8 +523,8 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
                            /*check=*/false);
   }
 
-  // The working set of every KV head of (request, layer) becomes the tokens of its kp pages
-  // (`pages` [H, kp], E memory): `count` positions each, the missing rows copied from the pool.
+  // The working set of every KV head of (request, layer) becomes the first `count` pool tokens
+  // of its kp pages (`pages` [H, kp], E memory), the missing rows copied from the pool.
   template <class M>
   void install_pages(M& m, int request, int layer, const std::int32_t* pages, int kp, int count) {
     auto& st = m.store();
@@ -587,9 +540,11 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
     st.install(seqs_, counts_, positions_.data());
   }
 
-  // Step t's selection of every KV head of one request of a sparse layer (its token appended,
-  // `index` its pool index): q_t's, or per head the speculative one when the trigger keeps it;
-  // the chosen pages into `pages` [H, kp] and installed, the correction flags into `corrected`.
+  // Step t's selection of every KV head of one request of a sparse layer (`index`: its token's
+  // pool index, the token not appended yet): q_t's, or per head the speculative one when the
+  // trigger keeps it; the chosen pages into `pages` [H, kp], the correction flags into
+  // `corrected`. Over the budget the chosen pages' tokens but the step's own are installed: the
+  // token's append then completes the working set.
   template <class M>
   void settle(M& m, const decode_token<T>& t, int layer, slot_state& s, int index,
               std::int32_t* pages, std::int32_t* corrected) {
@@ -639,7 +594,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
     ::thrust::copy_n(policy, t.query, static_cast<std::int64_t>(H_) * G_ * d_, prev);
     // the working set becomes the chosen pages' tokens (the whole pool while it fits the budget)
     if (over && !skip_installs_) {
-      install_pages(m, t.request, layer, pages, kp, working_set(n, P, kp));
+      install_pages(m, t.request, layer, pages, kp, working_set(n, P, kp) - 1);
     }
   }
 
@@ -663,19 +618,17 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
   thrust::buffer<std::int64_t, E> counters_;      // [2] corrections made, correcting refreshes
   thrust::buffer<std::int32_t, E> positions_;     // [H, working set] an install's positions
   thrust::buffer<std::byte, E> score_ws_, topk_ws_;
-  thrust::buffer<std::int32_t, E> plan_offsets_, local_offsets_, plan_slots_, plan_positions_,
-      plan_pages_, step_positions_;
-  mutable thrust::buffer<std::byte, E> attention_ws_;
+  thrust::buffer<std::int32_t, E> plan_pages_;    // [requests * H, pages] the plan's pages
+  detail::device_two_tier<T, E> step_;            // the decode step's append, plan and attention
   // host scratch
   std::vector<std::int64_t> seqs_;
   std::vector<int> counts_;
-  std::vector<std::int32_t> host_positions_;
-  std::vector<std::int64_t> plan_base_;
+  std::vector<std::int32_t> page_offsets_host_;
   mutable std::vector<std::uint8_t> corrections_host_;
 };
 
 // FreeKV over a device two-tier store on a device exec.
-template <Element T, thrust::SimExec E>
+template <Element T, thrust::DeviceExec E>
 using freekv_on = method<thrust::tiered_store<T, E>, freekv_recipe, E>;
 
 }  // namespace kvsift
