@@ -16,6 +16,7 @@
 // kvsift::error and leaves the store (and the method) as they were; a device tier too small for
 // a call's chunks or a step's working set is refused before anything changes.
 
+#include <kvsift/device/erased.hpp>
 #include <kvsift/device/speculative.hpp>
 #include <kvsift/method/freekv.hpp>
 #include <kvsift/store/tiered.hpp>
@@ -493,4 +494,63 @@ TEMPLATE_LIST_TEST_CASE("device freekv: no room in the device tier is refused up
   CHECK(ds.host_length(0, 0) == 24);
   CHECK(ds.resident_tokens() == 4 * 24);
   ds.verify();
+}
+
+// The lead's integration path: device::staged_method runs freekv_on<T, E> behind the type-erased
+// interface (host arrays in, a host plan out) and answers as freekv<T> on exec::host does.
+TEST_CASE("device freekv: through device::staged_method, as on exec::host",
+          "[thrust][method][freekv]") {
+  using E = exec::sim_cpp;
+  const auto p = params_of(1);
+  kvsift::device::staged_method<kvsift::freekv_on<float, E>> dm("freekv", shape, requests,
+                                                                 host_capacity, p);
+  kvsift::store::tiered<float> hs(shape, requests, host_capacity, page);
+  kvsift::freekv<float> hm(hs, p);
+  std::mt19937 rng(77);
+  const int H = shape.kv_heads, Q = shape.q_heads, d = shape.head_dim;
+  for (int r = 0; r < requests; ++r) {
+    const int n = 30 + 5 * r;
+    const auto k = random_array<float>(rng, static_cast<std::size_t>(n) * H * d);
+    const auto v = random_array<float>(rng, k.size());
+    const auto q = random_array<float>(rng, static_cast<std::size_t>(n) * Q * d);
+    const kvsift::prefill_chunk<float> c{r, cview<float>::contiguous(k.data(), n, H, d),
+                                         cview<float>::contiguous(v.data(), n, H, d),
+                                         cview<float>::contiguous(q.data(), n, Q, d), 0, true};
+    for (int l = 0; l < shape.layers; ++l) {
+      hm.prefill(l, c);
+      dm.prefill(l, std::span<const kvsift::prefill_chunk<float>>(&c, 1));
+    }
+  }
+  drifting_queries queries(rng);
+  std::vector<float> out_h(static_cast<std::size_t>(requests) * Q * d), out_d(out_h.size());
+  for (int step = 0; step < 12; ++step) {
+    for (int l = 0; l < shape.layers; ++l) {
+      INFO("step " << step << " layer " << l);
+      const auto k = random_array<float>(rng, static_cast<std::size_t>(requests) * H * d);
+      const auto v = random_array<float>(rng, k.size());
+      std::vector<float> q(static_cast<std::size_t>(requests) * Q * d);
+      std::vector<kvsift::decode_token<float>> tokens(requests);
+      for (int r = 0; r < requests; ++r) {
+        std::copy_n(queries.next(rng, r, l), Q * d, q.data() + static_cast<std::size_t>(r) * Q * d);
+        tokens[r] = {r, q.data() + static_cast<std::size_t>(r) * Q * d,
+                     k.data() + static_cast<std::size_t>(r) * H * d,
+                     v.data() + static_cast<std::size_t>(r) * H * d};
+      }
+      const auto& hp = hm.decode(l, tokens);
+      const auto& dp = dm.decode(l, tokens);
+      CHECK(values_of(dp.positions) == values_of(hp.positions));
+      CHECK(offsets_of(dp.pages) == offsets_of(hp.pages));
+      CHECK(values_of(dp.pages) == values_of(hp.pages));
+      hm.attend(l, tokens, out_h.data());
+      dm.attend(l, tokens, out_d.data());
+      for (std::size_t j = 0; j < out_h.size(); ++j) {
+        CHECK(std::abs(out_d[j] - out_h[j]) <= 2e-5f * (1.0f + std::abs(out_h[j])));
+      }
+      hm.after_attention(l, tokens);
+      dm.after_attention(l, tokens);
+    }
+  }
+  CHECK(dm.stats().refreshes == hm.stats().refreshes);
+  CHECK(dm.stats().resident_tokens == hm.stats().resident_tokens);
+  CHECK(hm.corrections_made() > 0);
 }
