@@ -38,6 +38,7 @@
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/device/deferred_recall.hpp>
+#include <kvsift/device/deferred_recall_stars.hpp>
 #include <kvsift/device/evict.hpp>
 #include <kvsift/device/sparse_read.hpp>
 #include <kvsift/method/any_method.hpp>
@@ -327,13 +328,19 @@ method_registry<T> method_registry_on(const method_registry<T>& base) {
         return std::make_unique<staged_method<synckv_on<T, E>>>(
             name, c.shape, c.requests, c.capacity, kvsift::detail::synckv_params_of<T>(c));
       };
+    } else if (name == "heterocache") {
+      e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
+        require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
+        return std::make_unique<staged_method<heterocache_on<T, E>>>(
+            name, c.shape, c.requests, c.capacity, kvsift::detail::heterocache_params_of<T>(c));
+      };
     } else {
       e.make = [name](const method_config&) -> std::unique_ptr<any_kv_method<T>> {
         std::string known;
         for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
         throw make_error("method_registry on exec " + std::string(E::name), "name", name,
                          "a method with a device state (" + known +
-                             ", synckv); HeteroCache and FreeKV run on exec::host only so far");
+                             ", synckv, heterocache); FreeKV runs on exec::host only so far");
       };
     }
     out.add(std::move(e));

@@ -75,10 +75,12 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
                 "kvsift::method: the Store's memory must be the Exec's (exec::host runs over "
                 "host-accessible stores)");
   static_assert(Exec_::host_visible || requires { typename state_type::plan_type; },
-                "kvsift::method on a device exec: this schedule has no device state yet "
-                "(device/evict.hpp and device/sparse_read.hpp run schedule::evict and "
-                "schedule::sparse_read over a thrust::dense_store, device/deferred_recall.hpp "
-                "SyncKV's schedule::deferred_recall over a thrust::tiered_store)");
+                "kvsift::method on a device exec: this schedule has no device state for this "
+                "store (device/evict.hpp and device/sparse_read.hpp run schedule::evict and "
+                "schedule::sparse_read over a thrust::dense_store; device/deferred_recall.hpp, "
+                "device/deferred_recall_stars.hpp and device/speculative.hpp run SyncKV's and "
+                "HeteroCache's schedule::deferred_recall and FreeKV's schedule::speculative over "
+                "a thrust::tiered_store)");
   static_assert(schedule_tag::tiers == 1 || TieredStore<Store_> || DeviceTieredStore<Store_>,
                 "kvsift::method: a two-tier schedule (deferred_recall, speculative) needs a "
                 "two-tier store (store::tiered, or thrust::tiered_store on a device exec)");

@@ -21,6 +21,7 @@
 // thrust::choose_sets; HeteroCache's drift: the satellites' new parts chosen per pivot on the
 // device), so no flag is read back inside a step.
 
+#include "device_backend.hpp"
 #include "helpers.hpp"
 
 #include <kvsift/budget/synckv.hpp>
@@ -53,6 +54,7 @@
 
 namespace {
 using namespace kvsift::conformance::thrust_kinds;  // kc, kt, dvec, to_device, to_host, raw, ...
+namespace mk = kvsift::conformance::method_kinds;
 
 std::vector<i32> csr_of(const std::vector<i32>& counts) {
   std::vector<i32> o{0};
@@ -209,28 +211,6 @@ dvec<float> last_query_scores(device_tiers& t, const dvec<float>& q, int group, 
   return out;
 }
 
-// A CSR of device sets; counts by head.
-struct dsets {
-  dvec<i32> offsets, values;
-  std::vector<i32> counts;
-};
-// pending_recalls' working set of each target: part ∪ its resident positions >= boundary
-// (`decode` of them, a shape), installed.
-void install_with_decode_tokens(device_tiers& t, const std::vector<i32>& targets, const dsets& part,
-                                i32 boundary, int decode) {
-  std::vector<i32> counts;
-  for (const auto c : part.counts) counts.push_back(c + decode);
-  const auto o = csr_of(counts);
-  const dvec<i32> off = to_device(o);
-  dvec<i32> ws(static_cast<std::size_t>(o.back()));
-  const dvec<i32> tg = to_device(targets);
-  const dvec<i32> b(targets.size(), boundary);
-  kt::working_set_positions(::thrust::device, raw(part.offsets), raw(part.values), raw(tg),
-                            static_cast<int>(targets.size()), raw(t.pos), raw(t.off), t.cap, raw(b),
-                            raw(off), o.back(), raw(ws));
-  t.install(targets, off, ws, counts);
-}
-
 // ---- FreeKV ---------------------------------------------------------------------------------------
 
 const kc::registrar method_freekv_decode{
@@ -379,216 +359,26 @@ const kc::registrar method_freekv_decode{
 
 // ---- HeteroCache ----------------------------------------------------------------------------------
 
-void check_heterocache_scoring(const kc::case_data& c, std::string_view where) {
-  kvsift::require(c.param_s("pooling") == "avg", where, "pooling", c.param_s("pooling"),
-                  "\"avg\" (HeteroCache pools its last-query attention with avg)");
-  kvsift::require(c.param_s("gqa") == "max", where, "gqa", c.param_s("gqa"),
-                  "\"max\" (HeteroCache's runtime scores)");
-}
-
-// Rows `leader[i]` of a CSR of equal rows of `row` floats/ints, as a new CSR (one per i).
-template <class V>
-dvec<V> rows_of(const dvec<V>& in, int in_rows, int row, const std::vector<i32>& leader) {
-  const dvec<i32> in_off = to_device(uniform_offsets(in_rows, row));
-  const dvec<i32> out_off = to_device(uniform_offsets(static_cast<int>(leader.size()), row));
-  const dvec<i32> ld = to_device(leader);
-  dvec<V> out(leader.size() * static_cast<std::size_t>(row));
-  kt::leader_gather(::thrust::device, raw(in_off), raw(in), raw(ld), static_cast<int>(leader.size()),
-                    raw(out_off), static_cast<std::int64_t>(out.size()), raw(out));
-  return out;
-}
-
-// The top min(n, caps[i]) of each of R score rows of n (no protected tokens), ascending.
-device_sets top_of_rows(const dvec<float>& rows, int R, int n, const std::vector<i32>& caps) {
-  std::vector<i32> b;
-  for (const auto x : caps) b.push_back(std::min(x, n));
-  return device_topk(rows, to_device(uniform_offsets(R, n)), R, b, 0,
-                     std::vector<i32>(static_cast<std::size_t>(R), 0));
+// method.heterocache.prefill's `scores`: the prefill scorer on its own (Thrust's
+// query_attention_scores, kernel-pooled, GQA max); the kind's placement and decode lifecycle are
+// the library's heterocache_on (../two_tier_kinds.hpp on the device backend).
+void device_scores(const kc::case_data& c, kc::outputs& out) {
+  const auto& k = c.in("keys");
+  const auto& q = c.in("query");
+  const int h = dim(k, 0), n = dim(k, 1), d = dim(k, 2), hq = dim(q, 0);
+  device_tiers t(h, n, d);
+  t.prompt(k.f32.data(), k.f32.data(), n);  // the kind's values are its keys
+  const auto scores = last_query_scores(t, to_device(q.f32), hq / h, n - 1, param(c, "kernel"));
+  out.put_f32("scores", {h, n}, to_host(scores));
 }
 
 const kc::registrar method_heterocache_prefill{
     handlers_backend, "method.heterocache.prefill", [](const kc::case_data& c, kc::outputs& out) {
-      check_heterocache_scoring(c, "method.heterocache.prefill");
-      const auto& k = c.in("keys");
-      const auto& q = c.in("query");
-      const auto& cap = c.in("cap");
-      const int h = dim(k, 0), n = dim(k, 1), d = dim(k, 2), hq = dim(q, 0);
-      device_tiers t(h, n, d);
-      t.prompt(k.f32.data(), k.f32.data(), n);  // the kind's values are its keys
-      const auto scores = last_query_scores(t, to_device(q.f32), hq / h, n - 1, param(c, "kernel"));
-      out.put_f32("scores", {h, n}, to_host(scores));
-      // every head an anchor: its own top min(n, cap_h), installed (the rest stays in the pool)
-      const auto kept = top_of_rows(scores, h, n, cap.i32);
-      std::vector<i32> heads(static_cast<std::size_t>(h)), counts;
-      std::iota(heads.begin(), heads.end(), 0);
-      for (const auto x : cap.i32) counts.push_back(std::min(x, n));
-      t.install(heads, kept.offsets, kept.values, counts);
-      put_csr(out, "kept", t.positions());
+      kvsift::conformance::two_tier_kinds::heterocache_prefill<mk::device>(c, out, device_scores);
     }};
 
 const kc::registrar method_heterocache_decode{
-    handlers_backend, "method.heterocache.decode", [](const kc::case_data& c, kc::outputs& out) {
-      check_heterocache_scoring(c, "method.heterocache.decode");
-      const auto& k = c.in("keys");
-      const auto& v = c.in("values");
-      const auto& q = c.in("query");
-      const auto& sq = c.in("step_queries");
-      const auto& sk = c.in("step_keys");
-      const auto& sv = c.in("step_values");
-      const int h = dim(k, 0), n = dim(k, 1), d = dim(k, 2), hq = dim(q, 0);
-      const int T = dim(sq, 0), G = hq / h;
-      const int W = param(c, "drift_window"), kernel = param(c, "kernel");
-      const double tau = c.param_d("tau_drift");
-      const auto& roles = c.in("roles").i32;
-      const auto& leader = c.in("leader").i32;
-      // host: roles (0 anchor, 1 volatile, 2 pivot, 3 satellite) and the fixed budgets
-      const int base = std::min(c.in("base").i32.at(0), n);
-      std::vector<i32> caps;
-      for (const auto x : c.in("cap").i32) caps.push_back(std::min(x, n));
-      std::vector<i32> capped, capped_caps, pivots, sats, sat_pivot, sat_caps;
-      for (int x = 0; x < h; ++x) {
-        if (roles[x] == 0 || roles[x] == 3) {
-          capped.push_back(x);
-          capped_caps.push_back(caps[x]);
-        }
-      }
-      for (int x = 0; x < h; ++x) {  // pivots with satellites (the monitored ones)
-        if (roles[x] != 2) continue;
-        bool any = false;
-        for (int y = 0; y < h; ++y) any = any || (roles[y] == 3 && leader[y] == x);
-        if (any) pivots.push_back(x);
-      }
-      const int P = static_cast<int>(pivots.size());
-      for (int p = 0; p < P; ++p) {
-        for (int y = 0; y < h; ++y) {
-          if (roles[y] != 3 || leader[y] != pivots[p]) continue;
-          sats.push_back(y);
-          sat_pivot.push_back(p);
-          sat_caps.push_back(caps[y]);
-        }
-      }
-      const auto exec = ::thrust::device;
-      device_tiers t(h, n + T, d);
-      t.prompt(k.f32.data(), v.f32.data(), n);
-      // prefill: capped heads keep their own top cap_h of the last query's scores; a monitored
-      // pivot's reference is its own top `base`
-      const auto scores0 = last_query_scores(t, to_device(q.f32), G, n - 1, kernel);
-      if (!capped.empty()) {
-        const auto kept =
-            top_of_rows(rows_of(scores0, h, n, capped), static_cast<int>(capped.size()), n, capped_caps);
-        t.install(capped, kept.offsets, kept.values, capped_caps);
-      }
-      dvec<i32> ref;  // [P, base]
-      if (P > 0) {
-        ref = top_of_rows(rows_of(scores0, h, n, pivots), P, n, std::vector<i32>(P, base)).values;
-      }
-      const dvec<i32> ref_off = to_device(uniform_offsets(P, base));
-
-      // the probe's view: each monitored pivot's n prefill rows (a full head: slots = positions)
-      std::vector<i32> probe_len(static_cast<std::size_t>(h), 0);
-      for (const auto x : pivots) probe_len[x] = n;
-      const auto probe_o = csr_of(probe_len);
-      const dvec<i32> probe_off = to_device(probe_o);
-      dvec<float> history(static_cast<std::size_t>(W) * hq * d);  // the newest W decode queries
-
-      kvsift::index_sets plan;
-      std::vector<float> o(static_cast<std::size_t>(T) * hq * d);
-      std::vector<i32> drift_out;
-      std::vector<float> median_out;
-      bool pending = false;
-      dvec<i32> drift, new_ref, new_part;  // the last check's decisions (device)
-      for (int step = 1; step <= T; ++step) {
-        const std::size_t t0 = static_cast<std::size_t>(step - 1);
-        // 1. the recall decided after the previous check: each satellite's prefill part becomes
-        // its pivot's new top cap_s where the pivot drifted, else stays (chosen on the device)
-        if (pending) {
-          const auto sat_flags = rows_of(drift, P, 1, sat_pivot);
-          const auto cur = [&] {  // each satellite's current prefill part: its first cap_s rows
-            const dvec<i32> in_off = to_device(uniform_offsets(h, t.cap));
-            const auto so = csr_of(sat_caps);
-            const dvec<i32> out_off = to_device(so);
-            const dvec<i32> ld = to_device(sats);
-            dvec<i32> r(static_cast<std::size_t>(so.back()));
-            kt::leader_gather(exec, raw(in_off), raw(t.pos), raw(ld), static_cast<int>(sats.size()),
-                              raw(out_off), so.back(), raw(r));
-            return r;
-          }();
-          dsets part;
-          part.counts = sat_caps;
-          part.offsets = to_device(csr_of(sat_caps));
-          part.values.resize(cur.size());
-          kt::choose_sets(exec, raw(part.offsets), static_cast<int>(sats.size()),
-                          static_cast<std::int64_t>(cur.size()), raw(sat_flags), raw(new_part),
-                          raw(cur), raw(part.values));
-          install_with_decode_tokens(t, sats, part, n, step - 1);
-          dvec<i32> r2(ref.size());
-          kt::choose_sets(exec, raw(ref_off), P, static_cast<std::int64_t>(ref.size()), raw(drift),
-                          raw(new_ref), raw(ref), raw(r2));
-          ref = std::move(r2);
-          pending = false;
-        }
-        // 2. append, remember q_t in the drift window, 3. the plan, 4. attention
-        t.append(sk.f32.data() + t0 * h * d, sv.f32.data() + t0 * h * d, n + step - 1);
-        const dvec<float> qt(sq.f32.begin() + static_cast<std::ptrdiff_t>(t0 * hq * d),
-                             sq.f32.begin() + static_cast<std::ptrdiff_t>((t0 + 1) * hq * d));
-        ::thrust::copy(qt.begin(), qt.end(),
-                       history.begin() + static_cast<std::ptrdiff_t>((t0 % W) * hq * d));
-        const auto pl = t.positions();
-        for (int x = 0; x < h; ++x) plan.push_back(pl[x]);
-        t.attend(qt, G, n + step - 1, o.data() + t0 * hq * d);
-        // 5. the drift check after steps W, 2W, ... (trigger::drift_median)
-        std::vector<float> med(static_cast<std::size_t>(h), -1.0f);
-        std::vector<i32> dr(static_cast<std::size_t>(h), 0);
-        if (P > 0 && step % W == 0) {
-          // the window's queries, oldest first: [W, Hq, d]
-          dvec<float> win(history.size());
-          for (int w = 0; w < W; ++w) {
-            const std::size_t from = static_cast<std::size_t>((step - W + w) % W) * hq * d;
-            ::thrust::copy_n(history.begin() + static_cast<std::ptrdiff_t>(from), hq * d,
-                             win.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(w) * hq * d));
-          }
-          // each window query over each monitored pivot's prefill keys: [P, W, n]
-          const dvec<i32> first(1, n - 1);  // every query sees exactly the n prompt keys
-          const kt::window_queries wq{raw(win), raw(first), W, h, G};
-          const kt::segmented_rows<float> keys{raw(t.k), raw(probe_off), raw(t.pos),
-                                               static_cast<std::int64_t>(t.cap) * d, h, d};
-          const std::int64_t N = probe_o.back();
-          dvec<float> probe(static_cast<std::size_t>(N) * W);
-          dvec<unsigned char> ws(kt::query_attention_workspace_bytes(N, G, W));
-          kt::query_attention_scores(exec, keys, wq, N, kernel, kvsift::pooling::avg,
-                                     kvsift::gqa_reduce::max, raw(probe), raw(ws), ws.size());
-          const auto sets = top_of_rows(probe, P * W, n, std::vector<i32>(static_cast<std::size_t>(P) * W, base));
-          dvec<double> medians(static_cast<std::size_t>(P));
-          drift.resize(static_cast<std::size_t>(P));
-          dvec<unsigned char> dws(kt::drift_medians_workspace_bytes(P, W));
-          kt::drift_medians(exec, raw(sets.offsets), raw(sets.values), raw(ref_off), raw(ref), P, W,
-                            tau, raw(medians), raw(drift), raw(dws), dws.size());
-          // a drift's decision and parts, for both outcomes: the newest query's set becomes the
-          // reference, each satellite's part its pivot's top cap_s by the newest query's scores
-          std::vector<i32> newest;
-          for (int p = 0; p < P; ++p) newest.push_back(p * W + W - 1);
-          new_ref = rows_of(sets.values, P * W, base, newest);
-          std::vector<i32> sat_rows;
-          for (const auto p : sat_pivot) sat_rows.push_back(p * W + W - 1);
-          new_part = top_of_rows(rows_of(probe, P * W, n, sat_rows), static_cast<int>(sats.size()),
-                                 n, sat_caps)
-                         .values;
-          pending = true;
-          // outputs (read back for the case only)
-          const auto mh = to_host(medians);
-          const auto dh = to_host(drift);
-          for (int p = 0; p < P; ++p) {
-            med[pivots[p]] = static_cast<float>(mh[p]);
-            dr[pivots[p]] = dh[p];
-          }
-        }
-        drift_out.insert(drift_out.end(), dr.begin(), dr.end());
-        median_out.insert(median_out.end(), med.begin(), med.end());
-      }
-      put_csr(out, "plan", plan);
-      out.put_f32("out", {T, hq, d}, std::move(o));
-      out.put_i32("drift", {T, h}, std::move(drift_out));
-      out.put_f32("drift_median", {T, h}, std::move(median_out));
-    }};
+    handlers_backend, "method.heterocache.decode",
+    kvsift::conformance::two_tier_kinds::heterocache_decode<mk::device>};
 
 }  // namespace
