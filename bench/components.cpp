@@ -219,9 +219,9 @@ void bm_store_append(benchmark::State& st, const model& m, int n, int r) {
 }
 
 // retain_roll: StreamingLLM's per-step retain — drop the oldest non-sink token (sink 4) of n;
-// one token is appended back outside the timing. The newest row moves into the released one and
-// every later slot's row number shifts by one (store/basic.hpp, "Slots and rows").
-// Bytes: read + write of the moved K and V row and of the n row numbers.
+// one token is appended back outside the timing (into the released row, which waits for it).
+// No row moves: every later slot's row number shifts by one (store/basic.hpp, "Slots and rows").
+// Bytes: read + write of the n - 5 row numbers after the released slot.
 template <class Store>
 void bm_store_retain_roll(benchmark::State& st, const model& m, int n, int r) {
   using T = typename Store::element_type;
@@ -243,9 +243,7 @@ void bm_store_retain_roll(benchmark::State& st, const model& m, int n, int r) {
     }
     st.ResumeTiming();
   }
-  report(st,
-         2.0 * (2.0 * row_bytes<Store>(m) + n * sizeof(std::int32_t)) * r * m.kv_heads,
-         static_cast<double>(n) * r);
+  report(st, 2.0 * (n - 5) * sizeof(std::int32_t) * r * m.kv_heads, static_cast<double>(n) * r);
 }
 
 // retain_compress: a prefill compression — keep `budget` spread slots of n (refilled outside the

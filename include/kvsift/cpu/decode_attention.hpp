@@ -688,21 +688,22 @@ void weighted_values(const float* w, int G, int d, std::size_t m, ValueAt&& valu
   std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
   if (m == 0) return;
 #if KVSIFT_HAVE_X86_SIMD_PATH
-  if (d % 16 == 0 && active_simd() == simd::avx512) {
-    thread_local std::vector<float> ones;
-    ones.assign(8, 1.0f);  // accumulate_heads scales by 1 / sum: the weights are normalised
-    for (int g0 = 0; g0 < G; g0 += 8) {
-      detail::with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
-        detail::avx512::accumulate_heads<GC, T>(w + g0 * m, m, ones.data(), d, m, value_at,
-                                                out + g0 * d);
-      });
-    }
-    return;
-  }
-  if (d % 8 == 0 && active_simd() >= simd::avx2) {
-    thread_local std::vector<const T*> rows;  // row addresses once (see avx512::attend_group)
+  const simd level = active_simd();
+  if ((d % 16 == 0 && level == simd::avx512) || (d % 8 == 0 && level >= simd::avx2)) {
+    // row addresses once (the kernels ask for each row per channel tile and to prefetch it)
+    thread_local std::vector<const T*> rows;
     rows.resize(m);
     for (std::size_t j = 0; j < m; ++j) rows[j] = value_at(j);
+    if (d % 16 == 0 && level == simd::avx512) {
+      auto value = [vrow = rows.data()](std::size_t j) { return vrow[j]; };
+      const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};  // the weights are normalised: scale by 1
+      for (int g0 = 0; g0 < G; g0 += 8) {
+        detail::with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
+          detail::avx512::accumulate_heads<GC, T>(w + g0 * m, m, ones, d, m, value, out + g0 * d);
+        });
+      }
+      return;
+    }
     for (int g0 = 0; g0 < G; g0 += 4) {
       detail::with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
         detail::avx2::accumulate_heads<GC, T>(w + g0 * m, m, d, m, rows.data(), out + g0 * d);

@@ -86,7 +86,7 @@ struct cumulative_attention {
     const model_shape& sh = store.shape();
     const int G = sh.group_size();
     const int d = sh.head_dim;
-    add_step(store, request, layer, plan, first_segment, [&](int h, std::span<float> rows) {
+    add_step(store, request, layer, plan, first_segment, d, [&](int h, std::span<float> rows) {
       const auto seq = sh.sequence(request, layer, h);
       // every query head of the group in one pass over the keys, in dot's exact bits
       cpu::attention_rows_over(store, seq, q + static_cast<std::size_t>(h) * G * d, G,
@@ -100,7 +100,7 @@ struct cumulative_attention {
   template <class Store>
   void observe_weights(const Store& store, int request, int layer, const index_sets& plan,
                        const attention::plan_weights& weights, int first_segment = 0) {
-    add_step(store, request, layer, plan, first_segment, [&](int h, std::span<float> rows) {
+    add_step(store, request, layer, plan, first_segment, 1, [&](int h, std::span<float> rows) {
       const auto w = weights.segment(first_segment + h);
       std::copy(w.begin(), w.end(), rows.begin());
     });
@@ -133,12 +133,13 @@ struct cumulative_attention {
 
  private:
   // Adds a step's GQA-reduced probabilities to the running scores of the request's KV heads:
-  // probs(h, rows) fills rows [G, plan[first_segment + h].size()] with head h's probabilities.
+  // probs(h, rows) fills rows [G, plan[first_segment + h].size()] with head h's probabilities,
+  // reading `per_slot` elements per slot and query head (the parallel loop's work estimate).
   // The map's entries first (an insertion is not thread-safe), then the KV heads in parallel: each
   // head adds to its own running scores only, in the same order as one thread would.
   template <class Store, class Probs>
   void add_step(const Store& store, int request, int layer, const index_sets& plan,
-                int first_segment, Probs&& probs) {
+                int first_segment, int per_slot, Probs&& probs) {
     const model_shape& sh = store.shape();
     const int G = sh.group_size();
     observed_.resize(static_cast<std::size_t>(sh.kv_heads));
@@ -148,8 +149,8 @@ struct cumulative_attention {
       run.resize(static_cast<std::size_t>(store.length(seq)), 0.0f);
       observed_[h] = &run;
     }
-    const std::int64_t work =
-        static_cast<std::int64_t>(plan.size(first_segment)) * G * sh.head_dim;
+    // observe's second pass reads G * d per slot; adding kept probabilities touches G
+    const std::int64_t work = static_cast<std::int64_t>(plan.size(first_segment)) * G * per_slot;
     cpu::parallel_for(sh.kv_heads, [&](std::int64_t h64) {
       const int h = static_cast<int>(h64);
       auto& run = *observed_[h];
