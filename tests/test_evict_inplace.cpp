@@ -330,3 +330,60 @@ TEMPLATE_TEST_CASE("h2o: an engine attending with its own kernel gets the same r
     for (const int r : batch) ++steps[r];
   }
 }
+
+// The weighted form of the batch attention H2O's schedule asks for: each (token, KV head)'s
+// probabilities equal cpu::attention_rows_over's bit for bit (what observe's second pass derives),
+// and the output equals the fused kernels' within their bound, on every SIMD path the CPU has,
+// head_dim 12 (no vector path), 16 and 64, GQA groups 1, 3 and 5, ragged plans (an empty one).
+TEMPLATE_TEST_CASE("attend_plan_batch with weights: exact probabilities, the same output",
+                   "[evict][inplace][decode_attention]", float, bfloat16) {
+  const int d = GENERATE(12, 16, 64);
+  const int G = GENERATE(1, 3, 5);
+  const auto level = GENERATE(kvsift::cpu::simd::portable, kvsift::cpu::simd::avx2,
+                              kvsift::cpu::simd::avx512);
+  CAPTURE(d, G, kvsift::cpu::simd_name(level));
+  const kvsift::cpu::scoped_simd pin(level);  // a level above the CPU's runs the CPU's best
+  const model_shape sh{.layers = 1, .q_heads = 2 * G, .kv_heads = 2, .head_dim = d};
+  kvsift::store::paged<TestType> store(sh, 2, 8, 200);
+  std::mt19937 rng(static_cast<unsigned>(d * 10 + G));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int lens[2] = {150, 9};
+  for (int r = 0; r < 2; ++r) {
+    std::vector<TestType> k(static_cast<std::size_t>(lens[r]) * 2 * d), v(k.size());
+    for (auto& x : k) x = kvsift::from_float<TestType>(2.0f * nd(rng));
+    for (auto& x : v) x = kvsift::from_float<TestType>(nd(rng));
+    using view = kvsift::kv_view<const TestType, kvsift::nhd>;
+    store.append(r, 0, view::contiguous(k.data(), lens[r], 2, d), view::contiguous(v.data(), lens[r], 2, d), 0);
+  }
+  const std::vector<int> requests{0, 1};
+  kvsift::index_sets plan;
+  for (const int r : requests) {
+    for (int h = 0; h < 2; ++h) {
+      std::vector<std::int32_t> set;
+      for (int i = h; i < lens[r] && !(r == 1 && h == 1); i += 1 + h) set.push_back(i);
+      plan.push_back(set);
+    }
+  }
+  const std::size_t per = static_cast<std::size_t>(sh.q_heads) * d;
+  std::vector<float> q(2 * per);
+  for (float& x : q) x = nd(rng);
+  const auto request_of = [&](std::size_t i) { return requests[i]; };
+  const auto query_of = [&](std::size_t i) { return q.data() + i * per; };
+  std::vector<float> fused(q.size()), weighted(q.size(), -7.0f);
+  kvsift::attention::plan_weights w;
+  kvsift::attention::attend_plan_batch(store, 0, 2, request_of, query_of, plan, fused.data());
+  kvsift::attention::attend_plan_batch(store, 0, 2, request_of, query_of, plan, weighted.data(), &w);
+  REQUIRE(w.offsets.size() == 5);
+  for (int s = 0; s < 4; ++s) {
+    const int r = requests[s / 2], h = s % 2;
+    const auto slots = plan[s];
+    std::vector<float> want(static_cast<std::size_t>(G) * slots.size());
+    kvsift::cpu::attention_rows_over(store, sh.sequence(r, 0, h), query_of(s / 2) + static_cast<std::size_t>(h) * G * d,
+                                     G, slots, want);
+    const auto got = w.segment(s);
+    REQUIRE(std::vector<float>(got.begin(), got.end()) == want);  // bit for bit
+  }
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    REQUIRE(std::abs(weighted[i] - fused[i]) <= 2e-5f + 1e-4f * std::abs(fused[i]));
+  }
+}
