@@ -318,8 +318,13 @@ class basic_store {
       for (int i = 0; i < m; ++i) *self().row_slot(seq, i) = i < k ? i : i + 1;
       ordered_[seq] = 0;
     } else if (!ordered_[seq]) {
-      // ascending: entry i + 1 is read before it is overwritten
-      for (int i = k; i < m; ++i) *self().row_slot(seq, i) = *self().row_slot(seq, i + 1);
+      // ascending: entry i + 1 is read before it is overwritten (one address per entry)
+      std::int32_t* to = self().row_slot(seq, k);
+      for (int i = k; i < m; ++i) {
+        std::int32_t* from = self().row_slot(seq, i + 1);
+        *to = *from;
+        to = from;
+      }
     }
     length_[seq] = m;
     extent_[seq] = m + 1;
