@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // FreeKV's kinds (SPEC.md §5): score.freekv_pages, method.freekv.select, trigger.query_cosine
 // call the components (score::freekv_pages, select::freekv_pages, trigger::query_cosine) on a
-// store::dense; method.freekv.decode runs kvsift::freekv over a store::tiered with an
-// asynchronous transfer, the way an engine would.
+// store::dense; method.freekv.decode runs FreeKV's recipe over a store::tiered (its asynchronous
+// transfer inside), the way an engine would: the handler body of two_tier_kinds.hpp on the host
+// backend.
 
 #include "runner.hpp"
+#include "two_tier_kinds.hpp"
 
-#include <kvsift/method/freekv.hpp>
 #include <kvsift/score/freekv_pages.hpp>
 #include <kvsift/select/freekv_pages.hpp>
 #include <kvsift/store/dense.hpp>
@@ -134,58 +135,7 @@ const kc::registrar trigger_query_cosine{
       out.put_i32("correct", {h}, std::move(correct));
     }};
 
-void put_csr(kc::outputs& out, const std::string& name, const kvsift::index_sets& sets) {
-  out.put_i32(name, {static_cast<std::int64_t>(sets.values.size())}, sets.values);
-  out.put_i32(name + "_offsets", {static_cast<std::int64_t>(sets.offsets.size())}, sets.offsets);
-}
-
 const kc::registrar method_freekv_decode{
-    "method.freekv.decode", [](const kc::case_data& c, kc::outputs& out) {
-      const auto& k = c.in("keys");
-      const auto& v = c.in("values");
-      const auto& sq = c.in("step_queries");
-      const auto& sk = c.in("step_keys");
-      const auto& sv = c.in("step_values");
-      const int h = dim(k, 0), n = dim(k, 1), d = dim(k, 2);
-      const int T = dim(sq, 0), hq = dim(sq, 1);
-      const int layer = param(c, "layer"), ps = param(c, "page_size");
-      kvsift::store::tiered<float> st(model_shape{layer + 1, hq, h, d}, 1, n + T, ps);
-      kvsift::freekv<float> m(st, {.page_size = ps,
-                                   .budget = param(c, "budget"),
-                                   .sink = param(c, "sink"),
-                                   .window = param(c, "window"),
-                                   .tau = c.param_d("tau"),
-                                   .merge = kvsift::score::parse_freekv_merge(c.param_s("merge")),
-                                   .dense_layers = param(c, "dense_layers")});
-      m.prefill(layer, kvsift::prefill_chunk<float>{.request = 0,
-                                                    .keys = head_major(k.f32.data(), h, n, d),
-                                                    .values = head_major(v.f32.data(), h, n, d),
-                                                    .queries = {},
-                                                    .first_position = 0,
-                                                    .last = true});
-      kvsift::index_sets plan, pages;
-      std::vector<float> o(static_cast<std::size_t>(T) * hq * d);
-      std::vector<std::int32_t> correct;
-      for (int t = 0; t < T; ++t) {
-        const kvsift::decode_token<float> tok{
-            0, sq.f32.data() + static_cast<std::size_t>(t) * hq * d,
-            sk.f32.data() + static_cast<std::size_t>(t) * h * d,
-            sv.f32.data() + static_cast<std::size_t>(t) * h * d};
-        const auto& pl = m.decode(layer, tok);
-        for (int hh = 0; hh < h; ++hh) {
-          plan.push_back(pl.positions[hh]);
-          pages.push_back(pl.pages[hh]);
-          correct.push_back(m.corrections()[hh]);
-        }
-        m.attend(layer, std::span<const kvsift::decode_token<float>>(&tok, 1),
-                 o.data() + static_cast<std::size_t>(t) * hq * d);
-        m.after_attention(layer, tok);
-        st.verify();
-      }
-      put_csr(out, "plan", plan);
-      out.put_f32("out", {T, hq, d}, std::move(o));
-      put_csr(out, "pages", pages);
-      out.put_i32("correct", {T, h}, std::move(correct));
-    }};
+    "method.freekv.decode", kc::two_tier_kinds::freekv_decode<kc::method_kinds::host_backend>};
 
 }  // namespace

@@ -28,8 +28,9 @@
 //                               (thrust/kinds_thrust_methods.cpp, thrust/kinds_thrust.cpp)
 // A backend has `store`, `exec`, `wrapper<M>` (an any_kv_method<float> with get() -> M&),
 // `tiered_method<Recipe>` (a two-tier method over the backend's two-tier store: the kinds of
-// two_tier_kinds.hpp) and make<M>(name, shape, requests, capacity, params) ->
-// std::unique_ptr<wrapper<M>>, M over either store.
+// two_tier_kinds.hpp), make<M>(name, shape, requests, capacity, params) ->
+// std::unique_ptr<wrapper<M>>, M over either store, and make_paged<M>(name, shape, requests,
+// capacity, page_size, params) for a two-tier method that recalls whole pages (FreeKV).
 //
 // method.quest.select's gqa "per_query_head" form scores and selects pages per query head, an
 // option of the components that no composition runs: the caller passes that part in (the CPU's
@@ -67,6 +68,16 @@ struct host_backend {
                                           int requests, int capacity, typename M::params p) {
     return std::make_unique<wrapper<M>>(
         std::move(name), std::make_unique<typename M::store_type>(shape, requests, capacity),
+        std::move(p));
+  }
+  // A two-tier method whose host pool recalls whole pages of `page_size` tokens (FreeKV).
+  template <class M>
+  static std::unique_ptr<wrapper<M>> make_paged(std::string name, const kvsift::model_shape& shape,
+                                                int requests, int capacity, int page_size,
+                                                typename M::params p) {
+    return std::make_unique<wrapper<M>>(
+        std::move(name),
+        std::make_unique<typename M::store_type>(shape, requests, capacity, page_size),
         std::move(p));
   }
   // A two-tier method (two_tier_kinds.hpp): a store::tiered<float> of `capacity` tokens.

@@ -5,6 +5,7 @@
 // (method_kinds.hpp: host_backend; thrust/device_backend.hpp: device_backend<E>):
 //
 //   method.synckv.decode  method.heterocache.prefill  method.heterocache.decode
+//   method.freekv.decode
 //
 // Each body builds the library's recipe over the backend's two-tier store,
 // B::tiered_method<Recipe> (kvsift::method<store::tiered<float>, Recipe> on the host,
@@ -12,8 +13,9 @@
 // lifecycle, drives one layer as an engine would (the prompt in one last chunk with its last
 // query, then decode / attend / after_attention per step) and reads the plan and attention
 // output through that interface; the method's own flags through the wrapper's get() (SyncKV's
-// anticipated(), the same accessor on both; HeteroCache's per-head drift, the interface's on the
-// host and the device state's by slot, each one counted read, on a device).
+// anticipated() and FreeKV's corrections(), the same accessors on both; HeteroCache's per-head
+// drift, the interface's on the host and the device state's by slot, each one counted read, on a
+// device).
 //
 // method.heterocache.prefill's `scores` output is the prefill scorer on its own (a component,
 // not the method): the caller passes that part in (score::last_query_attention on the host, the
@@ -23,6 +25,7 @@
 
 #include <kvsift/core/error.hpp>
 #include <kvsift/calibrate/star_cluster.hpp>
+#include <kvsift/method/freekv.hpp>
 #include <kvsift/method/heterocache.hpp>
 #include <kvsift/method/synckv.hpp>
 
@@ -176,6 +179,50 @@ void heterocache_decode(const case_data& c, outputs& out) {
   out.put_f32("out", {T, hq, d}, std::move(o));
   out.put_i32("drift", {T, h}, std::move(drift));
   out.put_f32("drift_median", {T, h}, std::move(median));
+}
+
+template <class B>
+void freekv_decode(const case_data& c, outputs& out) {
+  namespace mk = method_kinds::detail;
+  using M = typename B::template tiered_method<kvsift::freekv_recipe>;
+  const int layer = param(c, "layer"), ps = param(c, "page_size");
+  auto m = B::template make_paged<M>(
+      "freekv", mk::decode_shape(c, layer), 1, mk::decode_capacity(c), ps,
+      typename M::params{.page_size = ps,
+                         .budget = param(c, "budget"),
+                         .sink = param(c, "sink"),
+                         .window = param(c, "window"),
+                         .tau = c.param_d("tau"),
+                         .merge = kvsift::score::parse_freekv_merge(c.param_s("merge")),
+                         .dense_layers = param(c, "dense_layers")});
+  mk::prefill_one(*m, layer, mk::prompt(c, {}));  // the case's prompt has no queries
+
+  const auto& sq = c.in("step_queries");
+  const auto& sk = c.in("step_keys");
+  const auto& sv = c.in("step_values");
+  const int T = dim(sq, 0), hq = dim(sq, 1), d = dim(sq, 2), h = dim(sk, 1);
+  kvsift::index_sets plan, pages;
+  std::vector<float> o(static_cast<std::size_t>(T) * hq * d);
+  std::vector<std::int32_t> correct;
+  for (int t = 0; t < T; ++t) {
+    const mk::token tok{0, sq.f32.data() + static_cast<std::size_t>(t) * hq * d,
+                        sk.f32.data() + static_cast<std::size_t>(t) * h * d,
+                        sv.f32.data() + static_cast<std::size_t>(t) * h * d};
+    const std::span<const mk::token> toks(&tok, 1);
+    const auto& pl = m->decode(layer, toks);
+    const auto& fixes = m->get().corrections();  // per KV head of this step's segment
+    for (int hh = 0; hh < h; ++hh) {
+      plan.push_back(pl.positions[hh]);
+      pages.push_back(pl.pages[hh]);
+      correct.push_back(fixes[static_cast<std::size_t>(hh)]);
+    }
+    m->attend(layer, toks, o.data() + static_cast<std::size_t>(t) * hq * d);
+    m->after_attention(layer, toks);
+  }
+  mk::put_csr(out, "plan", plan);
+  out.put_f32("out", {T, hq, d}, std::move(o));
+  mk::put_csr(out, "pages", pages);
+  out.put_i32("correct", {T, h}, std::move(correct));
 }
 
 }  // namespace kvsift::conformance::two_tier_kinds

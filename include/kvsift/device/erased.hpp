@@ -3,16 +3,18 @@
 
 // A method over device memory behind the host's erased lifecycle, and a registry of them:
 //
-//   device::staged_method<M>       M = method<thrust::dense_store<T, E>, Recipe, E> (or SyncKV,
-//                                  synckv_on<T, E> over a thrust::tiered_store) on a device
-//                                  exec (exec::sim_cpp / sim_omp; exec::cuda, cuda/exec.cuh,
-//                                  under nvcc), as an any_kv_method<T>: it owns its arena, its exec, its store and
-//                                  M; host inputs are staged into E memory, the plan and the
-//                                  attention output read back
-//   device::method_registry_on<T, E>  a method_registry<T> whose one-tier entries and SyncKV's build
+//   device::staged_method<M>       M = method<thrust::dense_store<T, E>, Recipe, E> (the one-tier
+//                                  methods) or a two-tier method over a thrust::tiered_store<T, E>
+//                                  (synckv_on, heterocache_on, freekv_on) on a device exec
+//                                  (exec::sim_cpp / sim_omp; exec::cuda, cuda/exec.cuh, under
+//                                  nvcc), as an any_kv_method<T>: it owns its arena, its exec,
+//                                  its store and M; host inputs are staged into E memory, the
+//                                  plan and the attention output read back
+//   device::method_registry_on<T, E>  a method_registry<T> whose eleven built-in entries build
 //                                  their method that way (the one-tier name -> composition map is
-//                                  detail::visit_one_tier, the host's; SyncKV's params are the
-//                                  host registry's, detail::synckv_params_of)
+//                                  detail::visit_one_tier, the host's; the two-tier methods'
+//                                  params are the host registry's: detail::synckv_params_of,
+//                                  heterocache_params_of, freekv_params)
 //
 //   auto reg = kvsift::device::method_registry_on<float, kvsift::exec::sim_omp>(
 //       kvsift::default_method_registry<float>());
@@ -27,13 +29,11 @@
 //
 // The working-set accessors follow the store: length() and next_position() are host shadows;
 // position(seq, i) is one counted D2H read (a dense store's slot i; a tiered store's i-th
-// resident position, as store::tiered's slot i); key() and value() throw (the rows are not host memory, so
-// contiguous_rows() is false and a caller uses attend()). The host lifecycle's checks all hold:
-// views and counts are validated before anything is staged, and the activations' finiteness is
-// checked on the host as the host path does, so a NaN is a kvsift::error with nothing changed.
-//
-// HeteroCache and FreeKV have no device state yet: their entries in the registry throw
-// kvsift::error naming the methods that do.
+// resident position, as store::tiered's slot i); key() and value() throw (the rows are not host
+// memory, so contiguous_rows() is false and a caller uses attend()). The host lifecycle's checks
+// all hold: views and counts are validated before anything is staged, and the activations'
+// finiteness is checked on the host as the host path does, so a NaN is a kvsift::error with
+// nothing changed. A tiered store's host pool and device tier both hold `capacity` tokens.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
@@ -41,6 +41,7 @@
 #include <kvsift/device/deferred_recall_stars.hpp>
 #include <kvsift/device/evict.hpp>
 #include <kvsift/device/sparse_read.hpp>
+#include <kvsift/device/speculative.hpp>
 #include <kvsift/method/any_method.hpp>
 #include <kvsift/method/erased.hpp>
 #include <kvsift/method/lifecycle.hpp>
@@ -304,10 +305,10 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 // `base`'s entries (names, order, resident-fraction hooks) with the built-in names' `make`
 // REPLACED: a wrapper `base` put around a built-in entry's make (a config transform, another
 // composition under that name) is not kept, so apply such wrappers to the result (as `kvsift
-// eval` gives SyncKV its roles after choosing the exec). The one-tier ones build their
-// built-in composition (detail::visit_one_tier) and SyncKV's building synckv_on<T, E>, over
-// device memory on exec E, each method with its own simulated device (staged_method); the other
-// entries (HeteroCache, FreeKV, a user's own) throw kvsift::error when made.
+// eval` gives SyncKV and HeteroCache their roles after choosing the exec). The one-tier ones
+// build their built-in composition (detail::visit_one_tier), SyncKV, HeteroCache and FreeKV
+// synckv_on / heterocache_on / freekv_on, over device memory on exec E, each method with its own
+// arena (staged_method); another entry (a user's own) throws kvsift::error when made.
 template <Element T, thrust::DeviceExec E>
 method_registry<T> method_registry_on(const method_registry<T>& base) {
   method_registry<T> out;
@@ -328,6 +329,15 @@ method_registry<T> method_registry_on(const method_registry<T>& base) {
         return std::make_unique<staged_method<synckv_on<T, E>>>(
             name, c.shape, c.requests, c.capacity, kvsift::detail::synckv_params_of<T>(c));
       };
+    } else if (name == "freekv") {
+      e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
+        require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
+        const int p = c.integer_option("page_size", 16, 1);
+        return std::make_unique<staged_method<freekv_on<T, E>>>(
+            name, c.shape, c.requests, c.capacity,
+            freekv_params<T>(c.budget, p, c.option("tau", 0.8),
+                             kvsift::detail::freekv_dense_layers(c)));
+      };
     } else if (name == "heterocache") {
       e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
         require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
@@ -339,8 +349,9 @@ method_registry<T> method_registry_on(const method_registry<T>& base) {
         std::string known;
         for (const auto& n : method_names()) known += (known.empty() ? "" : ", ") + n;
         throw make_error("method_registry on exec " + std::string(E::name), "name", name,
-                         "a method with a device state (" + known +
-                             ", synckv, heterocache); FreeKV runs on exec::host only so far");
+                         "a built-in method (" + known +
+                             ", synckv, heterocache, freekv): a user's own entry has no device "
+                             "composition here");
       };
     }
     out.add(std::move(e));

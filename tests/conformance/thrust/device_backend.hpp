@@ -44,6 +44,13 @@ struct device_backend {
                                           int requests, int capacity, typename M::params p) {
     return std::make_unique<wrapper<M>>(std::move(name), shape, requests, capacity, std::move(p));
   }
+  // thrust::tiered_store has no page size: the device state pages its tier by the params' own.
+  template <class M>
+  static std::unique_ptr<wrapper<M>> make_paged(std::string name, const kvsift::model_shape& shape,
+                                                int requests, int capacity, int /*page_size*/,
+                                                typename M::params p) {
+    return make<M>(std::move(name), shape, requests, capacity, std::move(p));
+  }
 };
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CPP
