@@ -2,7 +2,7 @@
 #pragma once
 
 // `kvsift eval --exec NAME`: where the methods run. `host` is the library's CPU path (the default
-// registry as given). The others run the one-tier methods and SyncKV over device memory on a
+// registry as given). The others run every built-in method over device memory on a
 // simulated device (kvsift::device::method_registry_on, include/kvsift/device/erased.hpp):
 //   thrust-cpp  Thrust's CPP system      built where CCCL 3.x was found
 //   thrust-omp  Thrust's OMP system      the same, in an OpenMP build
