@@ -49,8 +49,8 @@ struct paged_of {
 // [positions, q_heads, d].
 template <class T>
 struct tokens {
-  std::vector<std::vector<T>> k, v;      // [requests * layers]
-  std::vector<std::vector<float>> q;     // [requests * layers]
+  std::vector<std::vector<T>> k, v;   // [requests * layers]
+  std::vector<std::vector<float>> q;  // [requests * layers]
   explicit tokens(unsigned seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -68,12 +68,16 @@ struct tokens {
       }
     }
   }
-  [[nodiscard]] std::size_t at(int r, int l) const { return static_cast<std::size_t>(r) * kShape.layers + l; }
+  [[nodiscard]] std::size_t at(int r, int l) const {
+    return static_cast<std::size_t>(r) * kShape.layers + l;
+  }
   const T* key(int r, int l, int pos, int h) const {
-    return k[at(r, l)].data() + (static_cast<std::size_t>(pos) * kShape.kv_heads + h) * kShape.head_dim;
+    return k[at(r, l)].data() +
+           (static_cast<std::size_t>(pos) * kShape.kv_heads + h) * kShape.head_dim;
   }
   const T* value(int r, int l, int pos, int h) const {
-    return v[at(r, l)].data() + (static_cast<std::size_t>(pos) * kShape.kv_heads + h) * kShape.head_dim;
+    return v[at(r, l)].data() +
+           (static_cast<std::size_t>(pos) * kShape.kv_heads + h) * kShape.head_dim;
   }
   const float* query(int r, int l, int pos) const {
     return q[at(r, l)].data() + static_cast<std::size_t>(pos) * kShape.q_heads * kShape.head_dim;
@@ -88,19 +92,22 @@ void prefill(M& m, const tokens<T>& x) {
     std::vector<kvsift::prefill_chunk<T>> chunks;
     for (int r = 0; r < 3; ++r) {
       const int n = kPrompts[r];
-      chunks.push_back({.request = r,
-                        .keys = kview::contiguous(x.key(r, l, 0, 0), n, kShape.kv_heads, kShape.head_dim),
-                        .values = kview::contiguous(x.value(r, l, 0, 0), n, kShape.kv_heads, kShape.head_dim),
-                        .queries = qview::contiguous(x.query(r, l, 0), n, kShape.q_heads, kShape.head_dim),
-                        .first_position = 0,
-                        .last = true});
+      chunks.push_back(
+          {.request = r,
+           .keys = kview::contiguous(x.key(r, l, 0, 0), n, kShape.kv_heads, kShape.head_dim),
+           .values = kview::contiguous(x.value(r, l, 0, 0), n, kShape.kv_heads, kShape.head_dim),
+           .queries = qview::contiguous(x.query(r, l, 0), n, kShape.q_heads, kShape.head_dim),
+           .first_position = 0,
+           .last = true});
     }
     m.prefill(l, chunks);
   }
 }
 
 // Step t's batch: every request but request 1 on every third step (ragged and uneven).
-std::vector<int> batch_of(int t) { return t % 3 == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2}; }
+std::vector<int> batch_of(int t) {
+  return t % 3 == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2};
+}
 
 // The positions of a head-sequence's slots, and each one's key row address.
 template <class Store>
@@ -118,7 +125,8 @@ template <class M, class S, class Evicted>
 void check_in_place(M& m, S& s, const tokens<typename S::element_type>& x, int budget,
                     Evicted&& evicted) {
   using T = typename S::element_type;
-  constexpr bool h2o = std::is_same_v<typename M::recipe::scorer, kvsift::score::cumulative_attention>;
+  constexpr bool h2o =
+      std::is_same_v<typename M::recipe::scorer, kvsift::score::cumulative_attention>;
   const int H = kShape.kv_heads, G = kShape.group_size(), d = kShape.head_dim;
   std::vector<int> steps(3, 0);
   std::map<std::int64_t, const void*> freed;  // the row each head-sequence's last eviction freed
@@ -187,8 +195,8 @@ void check_in_place(M& m, S& s, const tokens<typename S::element_type>& x, int b
             const auto run = m.scorer_state().running(seq);
             std::vector<float> probs(static_cast<std::size_t>(G) * slots.size());
             std::vector<float> reduced(slots.size());
-            kvsift::cpu::attention_rows_over(s, seq, toks[i].query + static_cast<std::size_t>(h) * G * d,
-                                             G, slots, probs);
+            kvsift::cpu::attention_rows_over(
+                s, seq, toks[i].query + static_cast<std::size_t>(h) * G * d, G, slots, probs);
             kvsift::cpu::reduce_group(probs, G, reduced, kvsift::gqa_reduce::mean);
             for (std::size_t j = 0; j < slots.size(); ++j) {
               const float base = slots[j] < static_cast<int>(run.size()) ? run[slots[j]] : 0.0f;
@@ -255,9 +263,10 @@ TEMPLATE_TEST_CASE("streaming_llm decode moves no resident row; the new token ta
   kvsift::streaming_llm<S> m(s, kvsift::streaming_llm_params<S>(budget, 4));
   prefill(m, x);
   // the oldest token after the four sinks
-  check_in_place(m, s, x, budget,
-                 [](std::int64_t, const std::map<std::int32_t, const void*>& rows,
-                    const std::map<std::int32_t, float>&) { return std::next(rows.begin(), 4)->first; });
+  check_in_place(
+      m, s, x, budget,
+      [](std::int64_t, const std::map<std::int32_t, const void*>& rows,
+         const std::map<std::int32_t, float>&) { return std::next(rows.begin(), 4)->first; });
 }
 
 TEMPLATE_TEST_CASE("h2o decode moves no resident row; running scores from the step's attention",
@@ -323,7 +332,8 @@ TEMPLATE_TEST_CASE("h2o: an engine attending with its own kernel gets the same r
           const auto a = lib.scorer_state().running(seq);
           const auto b = own.scorer_state().running(seq);
           REQUIRE(std::vector<float>(a.begin(), a.end()) == std::vector<float>(b.begin(), b.end()));
-          for (int j = 0; j < s_lib.length(seq); ++j) REQUIRE(s_lib.position(seq, j) == s_own.position(seq, j));
+          for (int j = 0; j < s_lib.length(seq); ++j)
+            REQUIRE(s_lib.position(seq, j) == s_own.position(seq, j));
         }
       }
     }
@@ -339,8 +349,8 @@ TEMPLATE_TEST_CASE("attend_plan_batch with weights: exact probabilities, the sam
                    "[evict][inplace][decode_attention]", float, bfloat16) {
   const int d = GENERATE(12, 16, 64);
   const int G = GENERATE(1, 3, 5);
-  const auto level = GENERATE(kvsift::cpu::simd::portable, kvsift::cpu::simd::avx2,
-                              kvsift::cpu::simd::avx512);
+  const auto level =
+      GENERATE(kvsift::cpu::simd::portable, kvsift::cpu::simd::avx2, kvsift::cpu::simd::avx512);
   CAPTURE(d, G, kvsift::cpu::simd_name(level));
   const kvsift::cpu::scoped_simd pin(level);  // a level above the CPU's runs the CPU's best
   const model_shape sh{.layers = 1, .q_heads = 2 * G, .kv_heads = 2, .head_dim = d};
@@ -353,7 +363,8 @@ TEMPLATE_TEST_CASE("attend_plan_batch with weights: exact probabilities, the sam
     for (auto& x : k) x = kvsift::from_float<TestType>(2.0f * nd(rng));
     for (auto& x : v) x = kvsift::from_float<TestType>(nd(rng));
     using view = kvsift::kv_view<const TestType, kvsift::nhd>;
-    store.append(r, 0, view::contiguous(k.data(), lens[r], 2, d), view::contiguous(v.data(), lens[r], 2, d), 0);
+    store.append(r, 0, view::contiguous(k.data(), lens[r], 2, d),
+                 view::contiguous(v.data(), lens[r], 2, d), 0);
   }
   const std::vector<int> requests{0, 1};
   kvsift::index_sets plan;
@@ -372,14 +383,16 @@ TEMPLATE_TEST_CASE("attend_plan_batch with weights: exact probabilities, the sam
   std::vector<float> fused(q.size()), weighted(q.size(), -7.0f);
   kvsift::attention::plan_weights w;
   kvsift::attention::attend_plan_batch(store, 0, 2, request_of, query_of, plan, fused.data());
-  kvsift::attention::attend_plan_batch(store, 0, 2, request_of, query_of, plan, weighted.data(), &w);
+  kvsift::attention::attend_plan_batch(store, 0, 2, request_of, query_of, plan, weighted.data(),
+                                       &w);
   REQUIRE(w.offsets.size() == 5);
   for (int s = 0; s < 4; ++s) {
     const int r = requests[s / 2], h = s % 2;
     const auto slots = plan[s];
     std::vector<float> want(static_cast<std::size_t>(G) * slots.size());
-    kvsift::cpu::attention_rows_over(store, sh.sequence(r, 0, h), query_of(s / 2) + static_cast<std::size_t>(h) * G * d,
-                                     G, slots, want);
+    kvsift::cpu::attention_rows_over(store, sh.sequence(r, 0, h),
+                                     query_of(s / 2) + static_cast<std::size_t>(h) * G * d, G,
+                                     slots, want);
     const auto got = w.segment(s);
     REQUIRE(std::vector<float>(got.begin(), got.end()) == want);  // bit for bit
   }

@@ -160,9 +160,9 @@ void attend_plan_batch(const Store& store, int layer, std::size_t tokens, Reques
   const std::int64_t jobs = static_cast<std::int64_t>(tokens) * sh.kv_heads;
   if (weights != nullptr) {
     weights->offsets.assign(static_cast<std::size_t>(jobs) + 1, 0);
+    const auto G = static_cast<std::size_t>(sh.group_size());
     for (std::int64_t s = 0; s < jobs; ++s) {
-      weights->offsets[s + 1] =
-          weights->offsets[s] + static_cast<std::size_t>(sh.group_size()) * plan.size(static_cast<int>(s));
+      weights->offsets[s + 1] = weights->offsets[s] + G * plan.size(static_cast<int>(s));
     }
     weights->values.resize(weights->offsets.back());
   }

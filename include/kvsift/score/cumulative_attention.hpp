@@ -91,6 +91,7 @@ struct cumulative_attention {
       // every query head of the group in one pass over the keys, in dot's exact bits
       cpu::attention_rows_over(store, seq, q + static_cast<std::size_t>(h) * G * d, G,
                                plan[first_segment + h], rows);
+      return std::span<const float>(rows);
     });
   }
 
@@ -100,10 +101,8 @@ struct cumulative_attention {
   template <class Store>
   void observe_weights(const Store& store, int request, int layer, const index_sets& plan,
                        const attention::plan_weights& weights, int first_segment = 0) {
-    add_step(store, request, layer, plan, first_segment, 1, [&](int h, std::span<float> rows) {
-      const auto w = weights.segment(first_segment + h);
-      std::copy(w.begin(), w.end(), rows.begin());
-    });
+    add_step(store, request, layer, plan, first_segment, 1,
+             [&](int h, std::span<float>) { return weights.segment(first_segment + h); });
   }
   // The store kept `kept[h]` of each head: keep the matching running scores.
   template <class Store>
@@ -133,8 +132,9 @@ struct cumulative_attention {
 
  private:
   // Adds a step's GQA-reduced probabilities to the running scores of the request's KV heads:
-  // probs(h, rows) fills rows [G, plan[first_segment + h].size()] with head h's probabilities,
-  // reading `per_slot` elements per slot and query head (the parallel loop's work estimate).
+  // probs(h, scratch) returns head h's probabilities [G, plan[first_segment + h].size()] (in
+  // `scratch`, of that size, or elsewhere), reading `per_slot` elements per slot and query head
+  // (the parallel loop's work estimate).
   // The map's entries first (an insertion is not thread-safe), then the KV heads in parallel: each
   // head adds to its own running scores only, in the same order as one thread would.
   template <class Store, class Probs>
@@ -158,8 +158,7 @@ struct cumulative_attention {
       thread_local std::vector<float> rows, reduced;  // scratch: nothing allocated once warm
       rows.resize(static_cast<std::size_t>(G) * slots.size());
       reduced.resize(slots.size());
-      probs(h, std::span<float>(rows));
-      cpu::reduce_group(rows, G, reduced, p.gqa);
+      cpu::reduce_group(probs(h, std::span<float>(rows)), G, reduced, p.gqa);
       for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
     }, cpu::par, work);
   }

@@ -8,10 +8,10 @@
 //   void grow(seq, new_length), void shrink(seq, new_length).
 //
 // Slots and rows. A head-sequence of n resident tokens occupies the physical rows [0, n) of its
-// memory, or [0, n + 1) with one released row in them that the next append fills (a pending
-// hole, below): row_extent(seq). Its slots are the same tokens in position order: slot i is row
-// row(seq, i) (the row map, one int32 per token, kept where the derived store keeps positions,
-// written and read only once the rows are out of order: a store that never reorders pays
+// memory, or [0, n + 1) with one released row among them that the next append fills (the waiting
+// hole: "leave the hole", below): row_extent(seq). Its slots are the same tokens in position order:
+// slot i is row row(seq, i) (the row map, one int32 per token, kept where the derived store keeps
+// positions, written and read only once the rows are out of order: a store that never reorders pays
 // nothing). Scorers, selectors and plans speak slots; only an export to an engine's kernel speaks
 // rows. Attention is order-free over keys, so rows need no order. retain picks the cheapest of
 // three ways to close the gaps the released tokens leave:

@@ -124,7 +124,8 @@ inline void check_head_pages(const head_pages& hp, std::string_view where) {
               return "the entry's length (" + std::to_string(hp.lengths[s]) +
                      ") or one more (a released row the next append fills)";
             });
-    const std::int64_t need = (static_cast<std::int64_t>(hp.extent(s)) + hp.page_size - 1) / hp.page_size;
+    const std::int64_t need =
+        (static_cast<std::int64_t>(hp.extent(s)) + hp.page_size - 1) / hp.page_size;
     require(hp.lengths[s] >= 0 && hp.pages.size(s) == need, where,
             [s] { return "head_pages.lengths[" + std::to_string(s) + "]"; }, hp.lengths[s],
             [&] {
