@@ -28,7 +28,7 @@ void instantiate_all() {
                                               kvsift::gqa_reduce::mean, out_f, nullptr, 0);
   kvsift::thrust::attention_over(exec, rows, rows, kvsift::thrust::window_queries{},
                                  kvsift::thrust::attention_plan{}, 0, 0, out_f, out_f, nullptr, 0);
-  // The decode steps' algorithms (kinds_thrust_decode.cpp, kinds_thrust_tiered.cpp).
+  // The decode steps' algorithms (the device states of include/kvsift/device/).
   T* data = nullptr;
   kvsift::thrust::append_rows(exec, data, out_i, 0, 1, 1, offsets, static_cast<const T*>(nullptr),
                               offsets);
@@ -40,11 +40,6 @@ void instantiate_all() {
   kvsift::thrust::query_attention_scores(exec, rows, kvsift::thrust::window_queries{}, 0, 7,
                                          kvsift::pooling::avg, kvsift::gqa_reduce::mean, out_f,
                                          nullptr, 0);
-  const kvsift::thrust::tier_rows<T> tier{};
-  kvsift::thrust::tier_append(exec, tier, offsets, static_cast<const T*>(nullptr),
-                              static_cast<const T*>(nullptr), offsets);
-  kvsift::thrust::tier_install(exec, tier, offsets, rows, rows, offsets, 0, offsets, offsets, 0,
-                               nullptr, 0);
 }
 
 }  // namespace
@@ -71,7 +66,6 @@ void kvsift_instantiate_thrust_algorithms() {
                                                0);
   kvsift::thrust::segmented_evict_one(exec, f, o, 0, o, 0, oi, oi);
   kvsift::thrust::expand_page_slots(exec, o, o, 0, 16, o, 0, oi);
-  kvsift::thrust::working_set_positions(exec, o, o, o, 0, o, o, 1, o, o, 0, oi);
   kvsift::thrust::static_dynamic_split(exec, f, o, 0, 0, o, 0, oi, o, 0, oi, nullptr, 0);
   kvsift::thrust::static_dynamic_refresh(exec, f, o, 0, 0, o, o, o, 0, o, 0, oi, nullptr, 0);
   kvsift::thrust::merge_sets(exec, o, o, 0, o, o, 0, 0, o, oi);

@@ -6,8 +6,6 @@
 //                              per-query scores (cpu::attention_row, pool1d, reduce_group)
 //   static_dynamic_split / _refresh / merge_sets == select::static_dynamic
 //   leader_gather           == select::shared_by_cluster::share
-//   tier_install / tier_append / working_set_positions == store::tiered promote / append
-//   (and, as the negative control, a recall never installed leaves stale rows the test sees)
 //   drift_medians           == trigger::drift_probe
 //   page_digest_append      == thrust::page_digest of the grown pool; pages_to_positions ==
 //                              domain::pool_pages::page_positions; choose_sets
@@ -25,7 +23,6 @@
 #include <kvsift/thrust/freekv_pages.hpp>
 #include <kvsift/thrust/last_query_attention.hpp>
 #include <kvsift/thrust/page_minmax.hpp>
-#include <kvsift/thrust/pool.hpp>
 #include <kvsift/thrust/roles.hpp>
 #include <kvsift/thrust/static_dynamic.hpp>
 #include <kvsift/trigger/drift_probe.hpp>
@@ -281,189 +278,6 @@ TEST_CASE("thrust leader_gather matches select::shared_by_cluster::share", "[thr
     REQUIRE(off == want.offsets);
     REQUIRE(got == want.values);
   });
-}
-
-TEST_CASE("thrust tier_install / tier_append / working_set_positions match store::tiered", "[thrust][decode-tiered]") {
-  const int n = GENERATE(5, 48);
-  const int steps = GENERATE(0, 3);
-  CAPTURE(n, steps);
-  const int H = 3, d = 4, cap = n + steps + 1;
-  const kvsift::model_shape sh{1, H, H, d};
-  std::mt19937 rng(3 + n + steps);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::bernoulli_distribution coin(0.4);
-  kvsift::store::tiered<float> st(sh, 1, cap);
-  std::vector<float> k(static_cast<std::size_t>(n) * H * d), v(k.size());
-  for (auto& x : k) x = nd(rng);
-  for (auto& x : v) x = nd(rng);
-  using view = kvsift::kv_view<const float, kvsift::nhd>;
-  st.append(0, 0, view::contiguous(k.data(), n, H, d), view::contiguous(v.data(), n, H, d), 0);
-  // the device mirror: tier [H, cap, d] and pool [H, cap, d] (host memory)
-  std::vector<float> pool_k(static_cast<std::size_t>(H) * cap * d, 0.0f), pool_v(pool_k.size(), 0.0f);
-  std::vector<i32> pool_pos(static_cast<std::size_t>(H) * cap, 0);
-  for (int h = 0; h < H; ++h) {
-    for (int t = 0; t < n; ++t) {
-      std::copy_n(k.data() + (static_cast<std::size_t>(t) * H + h) * d, d, pool_k.data() + (static_cast<std::size_t>(h) * cap + t) * d);
-      std::copy_n(v.data() + (static_cast<std::size_t>(t) * H + h) * d, d, pool_v.data() + (static_cast<std::size_t>(h) * cap + t) * d);
-      pool_pos[static_cast<std::size_t>(h) * cap + t] = t;
-    }
-  }
-  for_each_policy([&](const auto& exec, const std::string& name) {
-    CAPTURE(name);
-    kvsift::store::tiered<float> ref(sh, 1, cap);
-    ref.append(0, 0, view::contiguous(k.data(), n, H, d), view::contiguous(v.data(), n, H, d), 0);
-    std::vector<float> tk = pool_k, tv = pool_v;  // the tier starts with the whole prompt
-    std::vector<i32> tp = pool_pos, len(static_cast<std::size_t>(H), n), plen(static_cast<std::size_t>(H) + 1);
-    int pool_len = n;
-    std::vector<float> pk = pool_k, pv = pool_v;
-    std::vector<i32> pp = pool_pos;
-    const auto set_pool_len = [&] {
-      for (int s = 0; s <= H; ++s) plen[s] = s * pool_len;
-    };
-    set_pool_len();
-    const kt::tier_rows<float> tier{tk.data(), tv.data(), tp.data(), H, cap, d};
-    const auto check = [&] {
-      for (int h = 0; h < H; ++h) {
-        const auto seq = sh.sequence(0, 0, h);
-        REQUIRE(ref.length(seq) == len[h]);
-        for (int i = 0; i < len[h]; ++i) {
-          REQUIRE(tp[static_cast<std::size_t>(h) * cap + i] == ref.position(seq, i));
-          REQUIRE(std::equal(ref.key(seq, i), ref.key(seq, i) + d, tk.data() + (static_cast<std::size_t>(h) * cap + i) * d));
-          REQUIRE(std::equal(ref.value(seq, i), ref.value(seq, i) + d, tv.data() + (static_cast<std::size_t>(h) * cap + i) * d));
-        }
-      }
-    };
-    // a random cut (retain), then steps of append + a random recall of prefill rows
-    for (int round = 0; round <= steps; ++round) {
-      std::vector<i32> targets, counts, positions;
-      for (int h = 0; h < H; ++h) {
-        if (h == 1 && round > 0) continue;  // a segment left alone
-        std::vector<i32> part;
-        for (int j = 0; j < n; ++j) {
-          if (coin(rng)) part.push_back(j);
-        }
-        // pending_recalls' working set: part ∪ the resident decode tokens
-        std::vector<i32> ws = part;
-        const auto seq = sh.sequence(0, 0, h);
-        for (int i = 0; i < ref.length(seq); ++i) {
-          if (ref.position(seq, i) >= n) ws.push_back(ref.position(seq, i));
-        }
-        ref.promote(seq, ws);
-        targets.push_back(h);
-        counts.push_back(static_cast<i32>(ws.size()));
-        positions.insert(positions.end(), part.begin(), part.end());
-      }
-      // device: working_set_positions, then tier_install
-      // part counts: counts minus the decode tokens (round of them)
-      std::vector<i32> part_counts;
-      for (const auto c : counts) part_counts.push_back(c - round);
-      const auto po = csr(part_counts), oo = csr(counts);
-      const auto toff = csr(len);
-      std::vector<i32> boundary(targets.size(), n), ws(static_cast<std::size_t>(oo.back()), -1);
-      kt::working_set_positions(exec, po.data(), positions.data(), targets.data(),
-                                static_cast<int>(targets.size()), tp.data(), toff.data(), cap,
-                                boundary.data(), oo.data(), oo.back(), ws.data());
-      std::vector<std::byte> iws(kt::tier_install_workspace_bytes<float>(oo.back(), d));
-      const kt::segmented_rows<float> pool_keys{pk.data(), plen.data(), pp.data(), static_cast<std::int64_t>(cap) * d, H, d};
-      const kt::segmented_rows<float> pool_vals{pv.data(), plen.data(), pp.data(), static_cast<std::int64_t>(cap) * d, H, d};
-      kt::tier_install(exec, tier, toff.data(), pool_keys, pool_vals, targets.data(),
-                       static_cast<int>(targets.size()), oo.data(), ws.data(), oo.back(),
-                       iws.data(), iws.size());
-      for (std::size_t r = 0; r < targets.size(); ++r) len[targets[r]] = counts[r];
-      check();
-      if (round == steps) break;
-      // append one token to both tiers
-      std::vector<float> nk(static_cast<std::size_t>(H) * d), nv(nk.size());
-      for (auto& x : nk) x = nd(rng);
-      for (auto& x : nv) x = nd(rng);
-      const i32 position = n + round;
-      ref.append(0, 0, view::contiguous(nk.data(), 1, H, d), view::contiguous(nv.data(), 1, H, d), position);
-      for (int h = 0; h < H; ++h) {
-        std::copy_n(nk.data() + static_cast<std::size_t>(h) * d, d, pk.data() + (static_cast<std::size_t>(h) * cap + pool_len) * d);
-        std::copy_n(nv.data() + static_cast<std::size_t>(h) * d, d, pv.data() + (static_cast<std::size_t>(h) * cap + pool_len) * d);
-        pp[static_cast<std::size_t>(h) * cap + pool_len] = position;
-      }
-      ++pool_len;
-      set_pool_len();
-      const auto aoff = csr(len);
-      const std::vector<i32> np(static_cast<std::size_t>(H), position);
-      kt::tier_append(exec, tier, aoff.data(), nk.data(), nv.data(), np.data());
-      for (auto& l : len) ++l;
-      check();
-    }
-  });
-}
-
-// A recall is data in flight until its install: a step that plans over the recalled positions
-// without running tier_install reads what the tier held before (stale rows at those slots), and
-// this shows as a mismatch against store::tiered's promote; with the install, the rows match.
-// The negative control of the two-tier schedules' rule "decide at t, install at t+1, plan only
-// over installed rows" (method/schedule/two_tier.hpp).
-TEST_CASE("thrust: a recall never installed shows as stale data in the tier", "[thrust][decode-tiered]") {
-  const int H = 2, d = 4, n = 24, cap = n;
-  const kvsift::model_shape sh{1, H, H, d};
-  std::mt19937 rng(29);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> k(static_cast<std::size_t>(n) * H * d), v(k.size());
-  for (auto& x : k) x = nd(rng);
-  for (auto& x : v) x = nd(rng);
-  using view = kvsift::kv_view<const float, kvsift::nhd>;
-  // the pool: every token; the tier: the first 6 tokens of each head (the resident working set)
-  std::vector<float> pool_k(static_cast<std::size_t>(H) * cap * d), pool_v(pool_k.size());
-  std::vector<i32> pool_pos(static_cast<std::size_t>(H) * cap);
-  for (int h = 0; h < H; ++h) {
-    for (int t = 0; t < n; ++t) {
-      std::copy_n(k.data() + (static_cast<std::size_t>(t) * H + h) * d, d, pool_k.data() + (static_cast<std::size_t>(h) * cap + t) * d);
-      std::copy_n(v.data() + (static_cast<std::size_t>(t) * H + h) * d, d, pool_v.data() + (static_cast<std::size_t>(h) * cap + t) * d);
-      pool_pos[static_cast<std::size_t>(h) * cap + t] = t;
-    }
-  }
-  const std::vector<i32> resident{0, 1, 2, 3, 4, 5};
-  const std::vector<i32> wanted{0, 3, 9, 14, 20};  // 9, 14, 20: recalled from the pool
-  const std::vector<i32> plen{0, n, 2 * n};
-  for (const bool install : {false, true}) {
-    CAPTURE(install);
-    kvsift::store::tiered<float> ref(sh, 1, cap);
-    ref.append(0, 0, view::contiguous(k.data(), n, H, d), view::contiguous(v.data(), n, H, d), 0);
-    std::vector<float> tk(pool_k.size(), 0.0f), tv(pool_v.size(), 0.0f);
-    std::vector<i32> tp(pool_pos.size(), 0);
-    for (int h = 0; h < H; ++h) {
-      ref.promote(sh.sequence(0, 0, h), resident);
-      for (const i32 t : resident) {
-        const std::size_t row = static_cast<std::size_t>(h) * cap + t;
-        std::copy_n(pool_k.data() + row * d, d, tk.data() + row * d);
-        std::copy_n(pool_v.data() + row * d, d, tv.data() + row * d);
-        tp[row] = t;
-      }
-    }
-    const kt::tier_rows<float> tier{tk.data(), tv.data(), tp.data(), H, cap, d};
-    const std::vector<i32> toff{0, 6, 12}, targets{0, 1}, oo{0, 5, 10};
-    std::vector<i32> positions;
-    for (int h = 0; h < H; ++h) {
-      ref.promote(sh.sequence(0, 0, h), wanted);
-      positions.insert(positions.end(), wanted.begin(), wanted.end());
-    }
-    if (install) {
-      std::vector<std::byte> ws(kt::tier_install_workspace_bytes<float>(oo.back(), d));
-      const kt::segmented_rows<float> pk{pool_k.data(), plen.data(), pool_pos.data(), static_cast<std::int64_t>(cap) * d, H, d};
-      const kt::segmented_rows<float> pv{pool_v.data(), plen.data(), pool_pos.data(), static_cast<std::int64_t>(cap) * d, H, d};
-      kt::tier_install(::thrust::cpp::par, tier, toff.data(), pk, pv, targets.data(), H, oo.data(),
-                       positions.data(), oo.back(), ws.data(), ws.size());
-    }
-    // the step plans over the wanted set: slots 0..4 of each head, as if installed
-    bool all_equal = true;
-    for (int h = 0; h < H; ++h) {
-      const auto seq = sh.sequence(0, 0, h);
-      REQUIRE(ref.length(seq) == static_cast<int>(wanted.size()));
-      for (int i = 0; i < ref.length(seq); ++i) {
-        const std::size_t row = static_cast<std::size_t>(h) * cap + i;
-        all_equal = all_equal && tp[row] == ref.position(seq, i) &&
-                    std::equal(ref.key(seq, i), ref.key(seq, i) + d, tk.data() + row * d) &&
-                    std::equal(ref.value(seq, i), ref.value(seq, i) + d, tv.data() + row * d);
-      }
-    }
-    CHECK(all_equal == install);  // without the install the plan reads stale rows
-  }
 }
 
 TEST_CASE("thrust drift_medians matches trigger::drift_probe", "[thrust][decode-tiered]") {

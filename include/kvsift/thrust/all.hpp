@@ -18,7 +18,6 @@
 #include <kvsift/thrust/math.hpp>
 #include <kvsift/thrust/page_minmax.hpp>
 #include <kvsift/thrust/plan.hpp>
-#include <kvsift/thrust/pool.hpp>
 #include <kvsift/thrust/query_cosine.hpp>
 #include <kvsift/thrust/recency.hpp>
 #include <kvsift/thrust/roles.hpp>

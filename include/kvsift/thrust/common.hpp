@@ -187,5 +187,11 @@ KVSIFT_HOST_DEVICE inline int count_below(const std::int32_t* a, int n, std::int
   return lo;
 }
 
+// Index of `pos` among the first n entries of an ascending array (stride 1), or -1.
+KVSIFT_HOST_DEVICE inline int find_sorted(const std::int32_t* a, int n, std::int32_t pos) {
+  const int lo = count_below(a, n, pos);
+  return lo < n && a[lo] == pos ? lo : -1;
+}
+
 }  // namespace detail
 }  // namespace kvsift::thrust

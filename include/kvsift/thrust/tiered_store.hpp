@@ -94,7 +94,6 @@
 #include <kvsift/store/tiered.hpp>
 #include <kvsift/thrust/common.hpp>
 #include <kvsift/thrust/exec.hpp>
-#include <kvsift/thrust/pool.hpp>
 
 #include <thrust/copy.h>
 #include <thrust/fill.h>
@@ -112,6 +111,34 @@
 #include <vector>
 
 namespace kvsift::thrust {
+
+// Strided rows of every segment, `capacity` slots each: the tiered store's device tier (slots
+// unordered) and host pool (positions ascending), as the Thrust algorithms address them.
+template <class T>
+struct tier_rows {
+  T* keys = nullptr;                  // [num_segments, capacity, dim]
+  T* values = nullptr;                // [num_segments, capacity, dim]
+  std::int32_t* positions = nullptr;  // [num_segments, capacity]
+  int num_segments = 0;
+  int capacity = 0;
+  int dim = 0;
+
+  // The tier as attention / scorers read it, with lengths from `offsets` (CSR, device).
+  [[nodiscard]] segmented_rows<T> key_rows(const std::int32_t* offsets) const {
+    return {keys, offsets, positions, static_cast<std::int64_t>(capacity) * dim, num_segments, dim};
+  }
+  [[nodiscard]] segmented_rows<T> value_rows(const std::int32_t* offsets) const {
+    return {values, offsets, positions, static_cast<std::int64_t>(capacity) * dim, num_segments, dim};
+  }
+  void validate(std::string_view where) const {
+    require(num_segments >= 0, where, "tier.num_segments", num_segments, ">= 0");
+    require(capacity > 0, where, "tier.capacity", capacity, "> 0");
+    require(dim > 0, where, "tier.dim", dim, "> 0");
+    require(num_segments == 0 || (keys != nullptr && values != nullptr && positions != nullptr),
+            where, "tier", "null", "[num_segments, capacity, dim] rows and their positions");
+  }
+};
+
 
 namespace detail {
 

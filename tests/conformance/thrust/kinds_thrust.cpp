@@ -15,9 +15,8 @@
 //                              method.streaming_llm.prefill, method.streaming_llm.decode,
 //                              method.h2o.decode, method.quest.decode, method.lagkv.prefill,
 //                              method.lagkv.decode, method.dynamickv.prefill,
-//                              method.synckv.decode
-//   kinds_thrust_tiered.cpp    method.freekv.decode, method.heterocache.prefill,
-//                              method.heterocache.decode
+//                              method.synckv.decode, method.freekv.decode,
+//                              method.heterocache.prefill, method.heterocache.decode
 //   kinds_thrust_host.cpp      budget.fraction, budget.pyramidkv, budget.synckv,
 //                              budget.heterocache: host arithmetic on every backend (budgets are
 //                              shapes, computed on the host), the CPU handlers' own bodies
@@ -26,21 +25,22 @@
 //
 // Two kinds of handler:
 //   methods            (method.snapkv / pyramidkv / h2o / streaming_llm / quest / lagkv /
-//                      dynamickv / synckv kinds) the CPU backend's handler bodies
-//                      (../method_kinds.hpp, ../two_tier_kinds.hpp) instantiated on the device
-//                      backend (device_backend.hpp): the library's method<thrust::dense_store<float,
-//                      E> (thrust::tiered_store), Recipe, E> on exec::sim_cpp / sim_omp behind
-//                      device::staged_method. method.quest.select's per_query_head form
-//                      (an option of the components, not a composition) is composed here.
-//   components and HeteroCache / FreeKV (everything else) composed by hand: each handler copies
-//                      the case's inputs into thrust::device_vector, calls kvsift::thrust
-//                      functions with the `thrust::device` policy on raw device pointers, copies
-//                      the results back and puts them as outputs. No such handler calls a CPU
-//                      scorer or selector: the only library code run on the host is parameter
-//                      arithmetic (select::page_topk::pages_for, score::freekv_pages::layout,
-//                      the selectors' parameter checks) and host budgeters (budget::dynamic_layer,
-//                      and the budget.* kinds above); a budget too small for the protected tokens
-//                      is rejected by thrust::segmented_topk itself.
+//                      dynamickv / synckv / freekv / heterocache kinds) the CPU backend's
+//                      handler bodies (../method_kinds.hpp, ../two_tier_kinds.hpp) instantiated
+//                      on the device backend (device_backend.hpp): the library's
+//                      method<thrust::dense_store<float, E> (thrust::tiered_store), Recipe, E> on
+//                      exec::sim_cpp / sim_omp / cuda behind device::staged_method. The component
+//                      parts of two method kinds (method.quest.select's per_query_head form,
+//                      method.heterocache.prefill's scores) are composed here.
+//   components         (everything else) composed by hand: each handler copies the case's
+//                      inputs into thrust::device_vector, calls kvsift::thrust functions with
+//                      the `thrust::device` policy on raw device pointers, copies the results
+//                      back and puts them as outputs. No such handler calls a CPU scorer or
+//                      selector: the only library code run on the host is parameter arithmetic
+//                      (select::page_topk::pages_for, score::freekv_pages::layout, the
+//                      selectors' parameter checks) and host budgeters (budget::dynamic_layer,
+//                      and the budget.* kinds above); a budget too small for the protected
+//                      tokens is rejected by thrust::segmented_topk itself.
 // The runner compares every output exactly as it compares the CPU handlers' (SPEC §4).
 
 #include "device_backend.hpp"
