@@ -2,8 +2,8 @@
 // The library's methods over GPU memory (exec::cuda, include/kvsift/cuda/exec.cuh): every one-tier
 // method (full KV, StreamingLLM, H2O, SnapKV, PyramidKV, Quest, LagKV, DynamicKV) as
 // method<thrust::dense_store<T, exec::cuda>, Recipe, exec::cuda>, the same device states the
-// CPU-only machine proves on exec::sim (tests/thrust/test_device_methods.cpp), and SyncKV as
-// synckv_on<T, exec::cuda> over a thrust::tiered_store. Each runs a ragged batch of prompts and
+// CPU-only machine proves on exec::sim (tests/thrust/test_device_methods.cpp), and the two-tier
+// methods as synckv_on / heterocache_on / freekv_on<T, exec::cuda> over a thrust::tiered_store. Each runs a ragged batch of prompts and
 // decode steps (a reset and a new prompt mid-way) beside the same method on exec::host over a
 // store::dense / store::tiered, and the test asserts identical plans (positions) and attention
 // outputs, and 0 device-to-host reads on the method's arena inside each step (the plan and the
@@ -19,9 +19,13 @@
 
 #include <kvsift/cuda/exec.cuh>
 #include <kvsift/device/deferred_recall.hpp>
+#include <kvsift/device/deferred_recall_stars.hpp>
+#include <kvsift/device/speculative.hpp>
 #include <kvsift/device/evict.hpp>
 #include <kvsift/device/sparse_read.hpp>
 #include <kvsift/method/any_method.hpp>
+#include <kvsift/method/freekv.hpp>
+#include <kvsift/method/heterocache.hpp>
 #include <kvsift/method/synckv.hpp>
 #include <kvsift/store/dense.hpp>
 #include <kvsift/store/tiered.hpp>
@@ -202,4 +206,37 @@ TEST_CASE("SyncKV over GPU memory equals the host (exec::cuda)", "[cuda][device]
   kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
   run_pair<float, kvsift::synckv<float>, kvsift::synckv_on<float, E>>(hs, ds, e, engine, p, p,
                                                                         "synckv");
+}
+
+TEST_CASE("HeteroCache and FreeKV over GPU memory equal the host (exec::cuda)", "[cuda][device]") {
+  if (!gpu_present()) SKIP("no CUDA device (cudaGetDeviceCount failed or returned 0)");
+  kvsift::thrust::device_arena arena(kvsift::thrust::device_arena::default_max_cached_bytes,
+                                     kvsift::thrust::cuda_device_backing());
+  kvsift::thrust::device_arena engine_arena(kvsift::thrust::device_arena::default_max_cached_bytes,
+                                            kvsift::thrust::cuda_device_backing());
+  const E e{arena}, engine{engine_arena};
+  {  // HeteroCache: head 0 a pivot, head 1 its satellite, a drift check every 2 steps
+    kvsift::heterocache<float>::params p;
+    p.drift_window = 2;
+    p.rho = 0.75;
+    for (int l = 0; l < shape.layers; ++l) {
+      kvsift::heterocache_recipe::layer_roles r;
+      r.roles = {kvsift::calibrate::head_role::pivot, kvsift::calibrate::head_role::satellite};
+      r.leader = {0, 0};
+      r.stability = {1.0f, 1.0f};
+      p.roles.push_back(r);
+    }
+    kvsift::store::tiered<float> hs(shape, requests, capacity);
+    kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
+    run_pair<float, kvsift::heterocache<float>, kvsift::heterocache_on<float, E>>(
+        hs, ds, e, engine, p, p, "heterocache");
+  }
+  {  // FreeKV: pages of 4, a budget of 8 pages (1 sink, 2 window), every layer sparse
+    const kvsift::freekv<float>::params p{.page_size = 4, .budget = 32, .sink = 4, .window = 8,
+                                          .tau = 0.8, .dense_layers = 0};
+    kvsift::store::tiered<float> hs(shape, requests, capacity, p.page_size);
+    kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
+    run_pair<float, kvsift::freekv<float>, kvsift::freekv_on<float, E>>(hs, ds, e, engine, p, p,
+                                                                        "freekv");
+  }
 }
