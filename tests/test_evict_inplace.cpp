@@ -400,3 +400,90 @@ TEMPLATE_TEST_CASE("attend_plan_batch with weights: exact probabilities, the sam
     REQUIRE(std::abs(weighted[i] - fused[i]) <= 2e-5f + 1e-4f * std::abs(fused[i]));
   }
 }
+
+// The waiting hole at the store level, around the decode path: a chunk appended into it (its
+// first token takes the hole), a second one-token retain while a hole waits (filled the usual
+// way), the newest token released from rows in order (the hole at the end: slot i stays row i), a
+// bulk retain, reset. After each, every slot's key and value hold the token appended at its
+// position, rows are distinct and below row_extent, and a paged store holds exactly the pages of
+// row_extent rows.
+TEMPLATE_TEST_CASE("stores: the waiting hole across appends, retains and reset",
+                   "[evict][inplace][store]", dense_of<float>, paged_of<bfloat16>) {
+  using S = typename TestType::store;
+  using T = typename TestType::element;
+  constexpr model_shape sh{.layers = 1, .q_heads = 2, .kv_heads = 2, .head_dim = 8};
+  auto s = [] {
+    if constexpr (std::is_same_v<S, kvsift::store::dense<T>>) {
+      return S(sh, 1, 64);
+    } else {
+      return S(sh, 1, 4, 40);
+    }
+  }();
+  // token at position p, head h: every channel p * 4 + h (exact in bf16 below 256)
+  const auto append = [&](int count) {
+    const int first = s.next_position(0, 0);
+    std::vector<T> kv(static_cast<std::size_t>(count) * 2 * 8);
+    for (int t = 0; t < count; ++t) {
+      for (int h = 0; h < 2; ++h) {
+        for (int c = 0; c < 8; ++c) {
+          kv[(t * 2 + h) * 8 + c] = kvsift::from_float<T>(static_cast<float>((first + t) * 4 + h));
+        }
+      }
+    }
+    using view = kvsift::kv_view<const T, kvsift::nhd>;
+    const auto k = view::contiguous(kv.data(), count, 2, 8);
+    s.append(0, 0, k, k, first);
+  };
+  const auto retain = [&](std::vector<std::int32_t> keep) {
+    kvsift::index_sets kept;
+    kept.push_back(keep);
+    kept.push_back(keep);
+    s.retain(0, 0, kept);
+  };
+  const auto check = [&](const std::vector<std::int32_t>& positions, int extent) {
+    int pages = 0;
+    for (int h = 0; h < 2; ++h) {
+      const auto seq = sh.sequence(0, 0, h);
+      CAPTURE(h, positions);
+      REQUIRE(s.length(seq) == static_cast<int>(positions.size()));
+      REQUIRE(s.row_extent(seq) == extent);
+      std::vector<int> seen(static_cast<std::size_t>(extent), 0);
+      for (int i = 0; i < s.length(seq); ++i) {
+        REQUIRE(s.position(seq, i) == positions[i]);
+        const float want = static_cast<float>(positions[i] * 4 + h);
+        for (int c = 0; c < 8; ++c) {
+          REQUIRE(kvsift::to_float(s.key(seq, i)[c]) == want);
+          REQUIRE(kvsift::to_float(s.value(seq, i)[c]) == want);
+        }
+        REQUIRE(s.row(seq, i) < extent);
+        REQUIRE(seen[s.row(seq, i)]++ == 0);
+      }
+      pages += (extent + 3) / 4;
+    }
+    if constexpr (!std::is_same_v<S, kvsift::store::dense<T>>) REQUIRE(s.used_pages() == pages);
+  };
+  append(10);
+  check({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 10);
+  retain({0, 1, 3, 4, 5, 6, 7, 8, 9});  // position 2 released: its row waits
+  check({0, 1, 3, 4, 5, 6, 7, 8, 9}, 10);
+  REQUIRE_FALSE(s.rows_in_slot_order(sh.sequence(0, 0, 0)));
+  append(3);  // 10 into the hole, 11 and 12 after the rows in use
+  check({0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, 12);
+  retain({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10});  // the newest (slot 11, position 12) released
+  check({0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 12);
+  retain({0, 2, 3, 4, 5, 6, 7, 8, 9, 10});  // position 1, while a hole waits: filled as usual
+  check({0, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 10);
+  retain({0, 4, 9});  // a bulk release
+  check({0, 6, 11}, 3);
+  append(1);
+  check({0, 6, 11, 13}, 4);
+  s.reset(0);
+  check({}, 0);
+  append(5);  // after a reset: in order again
+  retain({0, 1, 2, 3});  // the newest released from rows in order: slot i stays row i
+  check({0, 1, 2, 3}, 5);
+  REQUIRE(s.rows_in_slot_order(sh.sequence(0, 0, 0)));
+  append(2);
+  check({0, 1, 2, 3, 5, 6}, 6);
+  REQUIRE(s.rows_in_slot_order(sh.sequence(0, 0, 0)));
+}
