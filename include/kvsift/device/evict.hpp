@@ -276,7 +276,7 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
       .changes_physical_length = compresses,
       .safe_with_shared_prefix = !compresses,
       .needs_queries = R::scorer::needs_queries,
-      .cuda_graph_safe = false,  // the laws hold on exec::sim; no CUDA exec runs a method yet
+      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
       .speculative_decoding = false,
   };
   static constexpr bool after_attention_reads_queries = Scorer::needs_queries;

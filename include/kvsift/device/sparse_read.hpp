@@ -78,7 +78,7 @@ class schedule::sparse_read::state<thrust::dense_store<T, E>, Recipe>
       .changes_physical_length = false,
       .safe_with_shared_prefix = true,
       .needs_queries = R::scorer::needs_queries,
-      .cuda_graph_safe = false,  // the laws hold on exec::sim; no CUDA exec runs a method yet
+      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
       .speculative_decoding = false,
   };
   static constexpr bool after_attention_reads_queries = false;

@@ -216,7 +216,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
       .changes_physical_length = true,
       .safe_with_shared_prefix = false,
       .needs_queries = true,
-      .cuda_graph_safe = false,  // the laws hold on exec::sim; no CUDA exec runs a method yet
+      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
       .speculative_decoding = false,
   };
   static constexpr bool after_attention_reads_queries = true;
