@@ -5,9 +5,10 @@
 // CPU-only machine proves on exec::sim (tests/thrust/test_device_methods.cpp), and the two-tier
 // methods as synckv_on / heterocache_on / freekv_on<T, exec::cuda> over a thrust::tiered_store. Each runs a ragged batch of prompts and
 // decode steps (a reset and a new prompt mid-way) beside the same method on exec::host over a
-// store::dense / store::tiered, and the test asserts identical plans (positions) and attention
-// outputs, and 0 device-to-host reads on the method's arena inside each step (the plan and the
-// output are read back after it). The batches are ragged (their sizes vary), so a step's
+// store::dense / store::tiered, and the test asserts identical plans (positions), attention
+// outputs within 2e-5 relative (as the exec::sim tests: the host's vectorised exp and CUDA's expf
+// differ in the last bits; the selections never read them), and 0 device-to-host reads on the
+// method's arena inside each step (the plan and the output are read back after it). The batches are ragged (their sizes vary), so a step's
 // descriptor sizes vary and the arena may allocate; the 0-allocation law is proven with
 // fixed-shape steps on exec::sim (tests/thrust/test_device_methods.cpp and its siblings).
 //
@@ -37,6 +38,7 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -151,7 +153,11 @@ void run_pair(HostStore& hs, DevStore& ds, const E& e, const E& engine,
       kvsift::thrust::copy_to_host(e, dplan.positions, std::span<std::int32_t>(dpos));
       REQUIRE(dpos == hplan.positions.values);
       kvsift::thrust::copy_to_host(engine, out_d, std::span<float>(out_dh));
-      for (std::size_t i = 0; i < B * Q * d; ++i) REQUIRE(out_dh[i] == out_h[i]);
+      float worst = 0.0f;
+      for (std::size_t i = 0; i < B * Q * d; ++i) {
+        worst = std::max(worst, std::abs(out_dh[i] - out_h[i]) / (1.0f + std::abs(out_h[i])));
+      }
+      CHECK(worst <= 2e-5f);
     }
   }
 }

@@ -14,7 +14,7 @@
 //                                  their method that way (the one-tier name -> composition map is
 //                                  detail::visit_one_tier, the host's; the two-tier methods'
 //                                  params are the host registry's: detail::synckv_params_of,
-//                                  heterocache_params_of, freekv_params)
+//                                  heterocache_params_of, freekv_params_of)
 //
 //   auto reg = kvsift::device::method_registry_on<float, kvsift::exec::sim_omp>(
 //       kvsift::default_method_registry<float>());
@@ -332,11 +332,8 @@ method_registry<T> method_registry_on(const method_registry<T>& base) {
     } else if (name == "freekv") {
       e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
         require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
-        const int p = c.integer_option("page_size", 16, 1);
         return std::make_unique<staged_method<freekv_on<T, E>>>(
-            name, c.shape, c.requests, c.capacity,
-            freekv_params<T>(c.budget, p, c.option("tau", 0.8),
-                             kvsift::detail::freekv_dense_layers(c)));
+            name, c.shape, c.requests, c.capacity, kvsift::detail::freekv_params_of<T>(c));
       };
     } else if (name == "heterocache") {
       e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {

@@ -52,9 +52,10 @@
 // Capture laws: every buffer is allocated at construction from the store's capacities; a decode
 // step (decode + attend + after_attention), correcting or not, uploads descriptors (counted
 // host-to-device writes) and reads nothing back.
-// Capacities: the device tier holds a whole prompt until its end, then at most B + 1 rows per KV
-// head of a sparse layer (the step's token appended before the install), every token of a dense
-// layer: tier_capacity >= the longest prompt and >= B + 1 (>= prompt + steps with dense layers).
+// Capacities: the device tier holds a whole prompt until its end, then at most B rows per KV head
+// of a sparse layer (the chosen pages are installed before the step's token is appended), every
+// token of a dense layer: tier_capacity >= the longest prompt and >= B (>= prompt + steps with
+// dense layers).
 // Cost per sparse layer, request and step: two selections (q_t's at decode, made whether or not a
 // head corrects, since the decision is device data; the speculative one after the attention),
 // each O(G P d) scoring plus a sort of kv_heads * ceil((host_capacity + 1) / p) keys; the rows of

@@ -2,7 +2,8 @@
 #pragma once
 
 // What the two-tier schedules' device states share (device/deferred_recall.hpp: SyncKV,
-// device/deferred_recall_stars.hpp: HeteroCache), as detail::two_tier is for their host states:
+// device/deferred_recall_stars.hpp: HeteroCache, device/speculative.hpp: FreeKV), as
+// detail::two_tier is for their host states:
 // a prefill chunk's checks and a decode step over a thrust::tiered_store on a device exec.
 //
 //   detail::device_two_tier<T, E> step(store);        // buffers for the store's requests

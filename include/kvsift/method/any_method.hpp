@@ -283,6 +283,15 @@ inline int freekv_dense_layers(const method_config& c) {
   return c.integer_option("dense_layers", std::min(1, most), 0, most);
 }
 
+// FreeKV's params from a config: B = c.budget in whole pages of p (option "page_size", default
+// 16 for short prompts), tau (option "tau", the paper's 0.8), dense layers from
+// freekv_dense_layers; sink = window = B/4 in whole pages (freekv_params).
+template <Element T>
+typename freekv<T>::params freekv_params_of(const method_config& c) {
+  return freekv_params<T>(c.budget, c.integer_option("page_size", 16, 1), c.option("tau", 0.8),
+                          freekv_dense_layers(c));
+}
+
 template <Element T>
 typename synckv<T>::params synckv_params_of(const method_config& c) {
   require(!c.synckv_roles.empty(), "method_registry: synckv", "synckv_roles", "none",
@@ -374,12 +383,11 @@ std::vector<method_entry<T>> builtin_method_entries() {
   // default 16 for short prompts), sink = window = B/4 in whole pages (freekv_params); dense
   // layers from detail::freekv_dense_layers, which the factory and the hook share.
   e.push_back({"freekv", [](const method_config& c) {
-                 const int p = c.integer_option("page_size", 16, 1);
-                 const int dense = detail::freekv_dense_layers(c);
-                 auto st = std::make_unique<store::tiered<T>>(c.shape, c.requests, c.capacity, p);
-                 return std::make_unique<erased_method<freekv<T>>>(
-                     "freekv", std::move(st),
-                     freekv_params<T>(c.budget, p, c.option("tau", 0.8), dense));
+                 auto p = detail::freekv_params_of<T>(c);
+                 auto st = std::make_unique<store::tiered<T>>(c.shape, c.requests, c.capacity,
+                                                              p.page_size);
+                 return std::make_unique<erased_method<freekv<T>>>("freekv", std::move(st),
+                                                                   std::move(p));
                },
                // dense layers keep the whole prompt: the sparse layers make up the rest
                [](method_config c, double fraction) {
