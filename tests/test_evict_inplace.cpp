@@ -412,7 +412,7 @@ TEMPLATE_TEST_CASE("stores: the waiting hole across appends, retains and reset",
   using S = typename TestType::store;
   using T = typename TestType::element;
   constexpr model_shape sh{.layers = 1, .q_heads = 2, .kv_heads = 2, .head_dim = 8};
-  auto s = [] {
+  auto s = [&] {
     if constexpr (std::is_same_v<S, kvsift::store::dense<T>>) {
       return S(sh, 1, 64);
     } else {
