@@ -11,6 +11,7 @@
 #include <catch2/generators/catch_generators.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -495,4 +496,41 @@ TEST_CASE("lagkv: usage example", "[lagkv][example]") {
   }
   // example-end lagkv
   CHECK(store.length(0, 0, 0) == resident_after_prefill(n + 8, 16, 128, 64));
+}
+
+TEMPLATE_TEST_CASE("lagkv: the blocked token statistics equal lag_token_std bit for bit", "[lagkv][exact]",
+                   float, half, bfloat16) {
+  // lag_block_std interleaves up to kLagBlock tokens' sums; each token's arithmetic must stay
+  // lag_token_std's, in its order, or selections near a tie would change
+  using T = TestType;
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const int d : {1, 2, 3, 8, 13, 64, 128}) {
+    for (const int count : {1, 5, 8}) {
+      CAPTURE(d, count);
+      std::vector<T> rows(static_cast<std::size_t>(count) * d);
+      for (auto& x : rows) x = kvsift::from_float<T>(normal(rng));
+      std::vector<float> mn(d), mx(d);
+      for (int c = 0; c < d; ++c) {
+        const float a = normal(rng), b = normal(rng);
+        mn[c] = std::min(a, b);
+        mx[c] = c % 5 == 0 ? mn[c] : std::max(a, b);  // some constant channels (x' = 0)
+      }
+      std::vector<double> range(d), flat(d), xt(static_cast<std::size_t>(d) * kvsift::score::detail::kLagBlock);
+      for (int c = 0; c < d; ++c) {
+        range[c] = static_cast<double>(mx[c]) - mn[c];
+        flat[c] = mx[c] == mn[c] ? 1.0 : 0.0;
+      }
+      auto row = [&](int j) { return rows.data() + static_cast<std::size_t>(j) * d; };
+      std::vector<float> got(static_cast<std::size_t>(count), -1.0f);
+      kvsift::score::detail::lag_block_std(row, 0, count, mn.data(), range.data(), flat.data(), d,
+                                           xt.data(), got.data());
+      std::vector<double> xn(d);
+      for (int t = 0; t < count; ++t) {
+        const float want = kvsift::score::detail::lag_token_std(row(t), mn.data(), mx.data(), d, xn.data());
+        CAPTURE(t);
+        REQUIRE(std::bit_cast<std::uint32_t>(got[t]) == std::bit_cast<std::uint32_t>(want));
+      }
+    }
+  }
 }

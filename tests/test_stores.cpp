@@ -16,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <set>
 #include <vector>
 
@@ -65,12 +66,12 @@ struct dense_of {
     return store(sh, requests, capacity);
   }
 };
-template <class T>
+template <class T, int P = 4>  // P: page size (3: the division path of store::paged::flat)
 struct paged_of {
   using element = T;
   using store = kvsift::store::paged<T>;
   static constexpr bool paged = true;
-  static constexpr int page_size = 4;
+  static constexpr int page_size = P;
   static store make(const model_shape& sh, int requests, int capacity) {
     const int pages_per_seq = (capacity + page_size - 1) / page_size;
     return store(sh, requests, page_size,
@@ -394,7 +395,7 @@ TEST_CASE("paged store: pages are shared by all head-sequences through one pool"
 // stay a permutation of [0, n) (a valid FlashInfer cache of exactly the resident tokens).
 TEMPLATE_TEST_CASE("stores: a sliding window moves one row per step, not the window",
                    "[store][rows]", dense_of<float>, dense_of<bfloat16>, paged_of<float>,
-                   paged_of<half>) {
+                   paged_of<half>, (paged_of<float, 3>)) {
   using M = TestType;
   const int kv_heads = GENERATE(1, 2);
   const int sink = GENERATE(0, 2);
@@ -431,6 +432,30 @@ TEMPLATE_TEST_CASE("stores: a sliding window moves one row per step, not the win
     }
     require_contents(s);
     require_page_table_consistent<M>(s);
+    // row_addresses (the decode attention's address table) is key() and value() of each slot,
+    // rows out of slot order and a waiting hole included; every slot, then every third
+    using T = typename std::remove_cvref_t<decltype(s)>::element_type;
+    for (int h = 0; h < kv_heads; ++h) {
+      const auto seq = sh.sequence(0, 0, h);
+      for (const int stride : {1, 3}) {
+        std::vector<std::int32_t> slots;
+        for (int i = 0; i < window; i += stride) slots.push_back(i);
+        std::vector<const T*> k(slots.size()), v(slots.size());
+        s.row_addresses(seq, slots, k.data(), v.data());
+        std::vector<std::int32_t> pos(slots.size());
+        s.positions_of(seq, slots, pos.data());
+        for (std::size_t i = 0; i < slots.size(); ++i) {
+          CAPTURE(h, stride, i);
+          REQUIRE(k[i] == s.key(seq, slots[i]));
+          REQUIRE(v[i] == s.value(seq, slots[i]));
+          REQUIRE(pos[i] == s.position(seq, slots[i]));
+        }
+      }
+      std::vector<float> prefix(static_cast<std::size_t>(window), -1.0f);  // as the recency scorer
+      s.positions_prefix(seq, window - 1, prefix.data());
+      for (int i = 0; i + 1 < window; ++i) REQUIRE(prefix[i] == static_cast<float>(s.position(seq, i)));
+      REQUIRE(prefix[window - 1] == -1.0f);  // n slots written, no more
+    }
   }
   if constexpr (M::paged) {
     // the exports follow the rows: the tokens form addresses each kept slot's own row, and the
@@ -458,4 +483,34 @@ TEMPLATE_TEST_CASE("stores: a sliding window moves one row per step, not the win
       REQUIRE(std::string(e.what()).find("head_pages.rows") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("kv_allocator: KV arrays of 2 MiB or more are 2 MiB aligned (huge-page advised), "
+          "smaller ones ordinary; a store's own arrays use it", "[store]") {
+  constexpr std::size_t huge = kvsift::kv_allocator<float>::huge_page_bytes;
+  STATIC_REQUIRE(huge == std::size_t{2} << 20);
+  for (const std::size_t bytes : {huge, huge + 4, 3 * huge + 1000, std::size_t{64} << 20}) {
+    CAPTURE(bytes);
+    kvsift::kv_vector<float> v(bytes / sizeof(float));
+    REQUIRE(reinterpret_cast<std::uintptr_t>(v.data()) % huge == 0);
+    REQUIRE(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }));  // value-initialised
+    v.back() = 3.0f;
+    const kvsift::kv_vector<float> copy = v;  // a copy lands in its own huge allocation
+    REQUIRE(copy.back() == 3.0f);
+    REQUIRE(reinterpret_cast<std::uintptr_t>(copy.data()) % huge == 0);
+  }
+  kvsift::kv_vector<bfloat16> small(1000);  // below the threshold: std::allocator's memory
+  small.resize(huge / sizeof(bfloat16));    // regrown across it: moved into an aligned block
+  REQUIRE(reinterpret_cast<std::uintptr_t>(small.data()) % huge == 0);
+  small.resize(10);
+  small.shrink_to_fit();  // and back (deallocate picks the path by the same size rule)
+  REQUIRE(small.size() == 10);
+
+  // store::dense owns [requests x layers x kv_heads, capacity, d]: here 2 x 2 x 2 x 4096 x 64 f32
+  // = 8 MiB each for keys and values, so its first row starts a huge page
+  const model_shape sh{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 64};
+  kvsift::store::dense<float> s(sh, 2, 4096);
+  append_chunk(s, 0, 0, 0, 1);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(s.key(0, 0)) % huge == 0);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(s.value(0, 0)) % huge == 0);
 }

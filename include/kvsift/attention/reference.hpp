@@ -107,17 +107,32 @@ void attend_plan_head(const Store& store, int request, int layer, const float* q
   const auto slots = plan[first_segment + h];
   const float* qg = q + static_cast<std::size_t>(h) * G * d;
   float* og = out + static_cast<std::size_t>(h) * G * d;
-  auto value = [&](std::size_t j) { return store.value(seq, slots[j]); };
+  // the plan's row addresses, looked up once (a store's row_addresses: one row-map read and one
+  // page lookup per row, where key() and value() would each repeat them)
+  using T = typename Store::element_type;
+  const std::size_t m = slots.size();
+  thread_local std::vector<const T*> rows;
+  rows.resize(2 * m);
+  const T** krow = rows.data();
+  const T** vrow = rows.data() + m;
+  if constexpr (requires { store.row_addresses(seq, slots, krow, vrow); }) {
+    store.row_addresses(seq, slots, krow, vrow);
+  } else {
+    for (std::size_t j = 0; j < m; ++j) {
+      krow[j] = store.key(seq, slots[j]);
+      vrow[j] = store.value(seq, slots[j]);
+    }
+  }
+  auto key = [krow](std::size_t j) { return krow[j]; };
+  auto value = [vrow](std::size_t j) { return vrow[j]; };
   if (weights != nullptr) {
     const auto probs = weights->segment(first_segment + h);
-    cpu::attention_rows_over(store, seq, qg, G, slots, probs);
-    cpu::weighted_values<typename Store::element_type>(probs.data(), G, d, slots.size(), value, og);
+    cpu::attention_rows_at<T>(key, m, d, qg, G, probs);
+    cpu::weighted_values<T>(probs.data(), G, d, m, value, og);
     return;
   }
   thread_local std::vector<float> logits;
-  cpu::attend_group<typename Store::element_type>(
-      qg, G, d, slots.size(), [&](std::size_t j) { return store.key(seq, slots[j]); }, value, og,
-      scale, logits);
+  cpu::attend_group<T>(qg, G, d, m, key, value, og, scale, logits);
 }
 
 }  // namespace detail

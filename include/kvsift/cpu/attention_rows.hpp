@@ -56,26 +56,35 @@ void attention_row_over(const Store& store, std::int64_t seq, const float* q,
   softmax(probs.first(slots.size()));
 }
 
-// The rows of G query heads (q [G, d]) over the same slot list: probs[g * m + i] equals
-// attention_row_over's probs[i] for head g, bit for bit (cpu::group_dots), with each key row
-// read once for the group instead of once per head. `probs` holds G * slots.size() floats.
-template <class Store>
-void attention_rows_over(const Store& store, std::int64_t seq, const float* q, int G,
-                         std::span<const std::int32_t> slots, std::span<float> probs) {
-  const int d = store.shape().head_dim;
+// The rows of G query heads (q [G, d]) over m keys, key(i) a pointer to key row i's d elements:
+// probs[g * m + i] = softmax over i of scale * q_g . key(i), in attention_row_over's arithmetic
+// bit for bit (cpu::group_dots), each key row read once for the group. `probs` holds G * m floats.
+template <Element T, class KeyAt>
+void attention_rows_at(KeyAt&& key, std::size_t m, int d, const float* q, int G,
+                       std::span<float> probs) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const std::size_t m = slots.size();
   const simd level = active_simd();  // once per call, not per row
   float dots[64];
   for (int g0 = 0; g0 < G; g0 += 64) {  // a group of at most 64 heads at a time
     const int gc = std::min(64, G - g0);
     for (std::size_t i = 0; i < m; ++i) {
-      group_dots(q + static_cast<std::size_t>(g0) * d, gc, store.key(seq, slots[i]), d, dots,
+      group_dots(q + static_cast<std::size_t>(g0) * d, gc, static_cast<const T*>(key(i)), d, dots,
                  level);
       for (int g = 0; g < gc; ++g) probs[static_cast<std::size_t>(g0 + g) * m + i] = dots[g] * scale;
     }
   }
   for (int g = 0; g < G; ++g) softmax(probs.subspan(static_cast<std::size_t>(g) * m, m));
+}
+
+// The rows of G query heads (q [G, d]) over the same slot list: probs[g * m + i] equals
+// attention_row_over's probs[i] for head g, bit for bit, with each key row read once for the
+// group instead of once per head. `probs` holds G * slots.size() floats.
+template <class Store>
+void attention_rows_over(const Store& store, std::int64_t seq, const float* q, int G,
+                         std::span<const std::int32_t> slots, std::span<float> probs) {
+  attention_rows_at<typename Store::element_type>(
+      [&](std::size_t i) { return store.key(seq, slots[i]); }, slots.size(),
+      store.shape().head_dim, q, G, probs);
 }
 
 }  // namespace kvsift::cpu

@@ -66,6 +66,47 @@ inline float lag_token_std(const T* x, const float* mn, const float* mx, int d, 
   return static_cast<float>(std::sqrt(ss / (d - 1)));
 }
 
+// lag_token_std of `count` <= kLagBlock consecutive slots from `first`, bit for bit: the same
+// operations in the same order per token (each token's sums run over c = 0..d-1), but the tokens'
+// chains interleaved (x' stored [d, kLagBlock]), so the adds of different tokens are independent
+// and vectorise, where one token's sums are a chain of d dependent adds. range[c] =
+// double(mx[c]) - mn[c]; flat[c] = 1 where mx[c] == mn[c]. xt holds d * kLagBlock doubles.
+inline constexpr int kLagBlock = 8;
+
+template <class Row>
+void lag_block_std(Row& row, int first, int count, const float* mn, const double* range,
+                   const double* flat, int d, double* xt, float* out) {
+  constexpr int B = kLagBlock;
+  for (int t = 0; t < B; ++t) {
+    if (t < count) {
+      const auto* x = row(first + t);
+      for (int c = 0; c < d; ++c) {
+        xt[c * B + t] =
+            flat[c] != 0.0 ? 0.0 : (static_cast<double>(to_float(x[c])) - mn[c]) / range[c];
+      }
+    } else {
+      for (int c = 0; c < d; ++c) xt[c * B + t] = 0.0;  // an unused lane
+    }
+  }
+  if (d < 2) {
+    for (int t = 0; t < count; ++t) out[t] = 0.0f;
+    return;
+  }
+  double mean[B] = {};
+  for (int c = 0; c < d; ++c) {
+    for (int t = 0; t < B; ++t) mean[t] += xt[c * B + t];
+  }
+  for (int t = 0; t < B; ++t) mean[t] /= d;
+  double ss[B] = {};
+  for (int c = 0; c < d; ++c) {
+    for (int t = 0; t < B; ++t) {
+      const double e = xt[c * B + t] - mean[t];
+      ss[t] += e * e;
+    }
+  }
+  for (int t = 0; t < count; ++t) out[t] = static_cast<float>(std::sqrt(ss[t] / (d - 1)));
+}
+
 // One side (K or V) of partition `p` of a head-sequence: row(j) points at slot j's d channels.
 // Writes the softmaxed scores of the partition's L tokens to out[0, L).
 template <class Row>
@@ -82,9 +123,16 @@ void lag_side(Row&& row, int first, int lag, bool local, int d, float* out, std:
       mx[c] = std::max(mx[c], v);
     }
   }
-  xn.resize(static_cast<std::size_t>(d));
-  for (int j = 0; j < lag; ++j) {
-    out[j] = lag_token_std(row(first + j), mn.data(), mx.data(), d, xn.data());
+  xn.resize(static_cast<std::size_t>(d) * (kLagBlock + 2));
+  double* range = xn.data() + static_cast<std::size_t>(d) * kLagBlock;
+  double* flat = range + d;  // 1 where mx == mn (x' = 0)
+  for (int c = 0; c < d; ++c) {
+    range[c] = static_cast<double>(mx[c]) - mn[c];
+    flat[c] = mx[c] == mn[c] ? 1.0 : 0.0;
+  }
+  for (int j = 0; j < lag; j += kLagBlock) {
+    lag_block_std(row, first + j, std::min(kLagBlock, lag - j), mn.data(), range, flat, d,
+                  xn.data(), out + j);
   }
   cpu::softmax(std::span<float>(out, static_cast<std::size_t>(lag)));
 }

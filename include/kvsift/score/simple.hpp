@@ -29,8 +29,12 @@ struct recency {
     for (int s = 0; s < in.segments(); ++s) {
       const auto seq = in.sequence(s);
       auto seg = out[s];
-      for (std::size_t j = 0; j < seg.size(); ++j) {
-        seg[j] = static_cast<float>(in.store->position(seq, static_cast<int>(j)));
+      if constexpr (requires { in.store->positions_prefix(seq, 0, seg.data()); }) {
+        in.store->positions_prefix(seq, static_cast<int>(seg.size()), seg.data());  // one pass
+      } else {
+        for (std::size_t j = 0; j < seg.size(); ++j) {
+          seg[j] = static_cast<float>(in.store->position(seq, static_cast<int>(j)));
+        }
       }
     }
   }

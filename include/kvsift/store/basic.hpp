@@ -69,6 +69,30 @@ class basic_store {
   [[nodiscard]] const T* value(std::int64_t seq, int slot) const {
     return self().value_slot(seq, row(seq, slot));
   }
+  // key(seq, slots[i]) and value(seq, slots[i]) for every i, for kernels that read many rows (the
+  // decode attention's address table): one row-map read and one page lookup per row, inline,
+  // where key() and value() each look the row up again. Slots must be resident (unchecked).
+  void row_addresses(std::int64_t seq, std::span<const std::int32_t> slots, const T** keys,
+                     const T** values) const {
+    const Derived& d = self();
+    const std::size_t dim = static_cast<std::size_t>(shape_.head_dim);
+    const bool ordered = ordered_[seq] != 0;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const int r = ordered ? slots[i] : d.rows_[static_cast<std::size_t>(d.flat(seq, slots[i]))];
+      const auto f = static_cast<std::size_t>(d.flat(seq, r));
+      keys[i] = d.keys_ + f * dim;
+      values[i] = d.values_ + f * dim;
+    }
+  }
+  // position(seq, slots[i]) for every i (a plan's positions), and position(seq, j) for j in
+  // [0, n) converted to V (a recency score): as row_addresses, one lookup per slot, inline.
+  void positions_of(std::int64_t seq, std::span<const std::int32_t> slots, std::int32_t* out) const {
+    gather_positions(seq, slots.size(), [slots](std::size_t i) { return slots[i]; }, out);
+  }
+  template <class V>
+  void positions_prefix(std::int64_t seq, int n, V* out) const {
+    gather_positions(seq, static_cast<std::size_t>(n), [](std::size_t i) { return static_cast<int>(i); }, out);
+  }
   // Writable key row, for in-place key transforms such as RoPE re-rotation (core/rope.hpp).
   [[nodiscard]] T* mutable_key(std::int64_t seq, int slot) {
     return self().key_slot(seq, row(seq, slot));
@@ -332,6 +356,16 @@ class basic_store {
   // Rows in use after appending `tokens` more: the first fills a waiting hole.
   [[nodiscard]] int grown_extent(std::int64_t seq, int tokens) const {
     return std::max(extent_[seq], length_[seq] + tokens);
+  }
+  template <class SlotAt, class V>
+  void gather_positions(std::int64_t seq, std::size_t n, SlotAt slot_at, V* out) const {
+    const Derived& d = self();
+    const bool ordered = ordered_[seq] != 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const int slot = slot_at(i);
+      const int r = ordered ? slot : d.rows_[static_cast<std::size_t>(d.flat(seq, slot))];
+      out[i] = static_cast<V>(d.positions_[static_cast<std::size_t>(d.flat(seq, r))]);
+    }
   }
   // Out of line: keeps row() (inlined into every key()/value() of the attention loops) small.
   [[gnu::noinline]] int mapped_row(std::int64_t seq, int slot) const {

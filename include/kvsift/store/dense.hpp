@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <kvsift/core/kv_memory.hpp>
 #include <kvsift/store/basic.hpp>
 
 #include <string>
@@ -66,6 +67,8 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
                      "positions [requests x layers x kv_heads, capacity]", this->sequences(),
                      capacity_, sizeof(std::int32_t));
   }
+  // Index of (seq, slot) in the [sequences, capacity] arrays (rows: times head_dim).
+  [[nodiscard]] std::int64_t flat(std::int64_t seq, int slot) const { return seq * capacity_ + slot; }
   [[nodiscard]] T* key_slot(std::int64_t seq, int slot) const {
     return keys_ + (seq * capacity_ + slot) * this->shape_.head_dim;
   }
@@ -85,7 +88,7 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
   int capacity_ = 0;
   T* keys_ = nullptr;
   T* values_ = nullptr;
-  std::vector<T> owned_keys_, owned_values_;
+  kv_vector<T> owned_keys_, owned_values_;  // huge-page advised (core/kv_memory.hpp)
   std::vector<std::int32_t> positions_;  // [sequences, capacity] original positions, per row
   std::vector<std::int32_t> rows_;       // [sequences, capacity] the row of each slot
 };

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <kvsift/core/kv_memory.hpp>
 #include <kvsift/store/basic.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -36,6 +38,7 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   paged(model_shape shape, int requests, int page_size, int total_pages, T* keys, T* values)
       : base(shape, requests, "store::paged"), page_size_(page_size), total_pages_(total_pages) {
     require(page_size > 0, "store::paged", "page_size", page_size, "> 0");
+    if ((page_size & (page_size - 1)) == 0) page_shift_ = std::countr_zero(static_cast<unsigned>(page_size));
     require(total_pages > 0, "store::paged", "total_pages", total_pages, "> 0");
     // slots and capacities are int: the pool's slot count must fit one (checked before allocating)
     require(static_cast<std::int64_t>(total_pages) * page_size <= std::numeric_limits<int>::max(),
@@ -109,8 +112,16 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   [[nodiscard]] const T* value_pool() const { return values_; }
 
  private:
+  // Index of (seq, slot) in the pool's [total_pages, page_size] rows: a shift and a mask for a
+  // power-of-two page size (every lookup of a row's address or position goes through here).
   [[nodiscard]] std::int64_t flat(std::int64_t seq, int slot) const {
-    return static_cast<std::int64_t>(pages_[seq][slot / page_size_]) * page_size_ + slot % page_size_;
+    const auto& pl = pages_[seq];
+    if (page_shift_ >= 0) [[likely]] {
+      return (static_cast<std::int64_t>(pl[static_cast<std::size_t>(slot >> page_shift_)]) << page_shift_) |
+             (slot & (page_size_ - 1));
+    }
+    return static_cast<std::int64_t>(pl[static_cast<std::size_t>(slot / page_size_)]) * page_size_ +
+           slot % page_size_;
   }
   [[nodiscard]] T* key_slot(std::int64_t seq, int slot) const {
     return keys_ + flat(seq, slot) * this->shape_.head_dim;
@@ -146,10 +157,11 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   }
 
   int page_size_ = 0;
+  int page_shift_ = -1;  // log2(page_size_) when it is a power of two
   int total_pages_ = 0;
   T* keys_ = nullptr;                               // [total_pages, page_size, d] (owned or the engine's)
   T* values_ = nullptr;
-  std::vector<T> owned_keys_, owned_values_;
+  kv_vector<T> owned_keys_, owned_values_;  // huge-page advised (core/kv_memory.hpp)
   std::vector<std::int32_t> positions_;             // [total_pages, page_size] per row
   std::vector<std::int32_t> rows_;                  // [total_pages, page_size] row of each slot
   std::vector<std::vector<std::int32_t>> pages_;    // per head-sequence: its pages, in order

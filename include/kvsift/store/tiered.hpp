@@ -43,6 +43,7 @@
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
+#include <kvsift/core/kv_memory.hpp>
 #include <kvsift/core/segments.hpp>
 #include <kvsift/core/shape.hpp>
 #include <kvsift/core/view.hpp>
@@ -594,7 +595,7 @@ class tiered {
   int capacity_ = 0;  // host pool tokens per head-sequence
   int page_ = 16;
   int pages_ = 0;     // host pool pages per head-sequence
-  std::vector<T> pool_;                       // [requests * layers, pages, kv_heads, 2, p, d]
+  kv_vector<T> pool_;  // [requests * layers, pages, kv_heads, 2, p, d] (core/kv_memory.hpp)
   std::vector<std::int32_t> host_positions_;  // [requests * layers, capacity]
   std::vector<int> host_length_;              // [requests * layers]
   std::vector<std::int32_t> next_;            // [requests * layers]

@@ -130,7 +130,11 @@ class one_tier {
       const auto seq = sh.sequence(plan.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
       const auto in = plan.slots[s];
       auto out = plan.positions[s];
-      for (std::size_t i = 0; i < in.size(); ++i) out[i] = st.position(seq, in[i]);
+      if constexpr (requires { st.positions_of(seq, in, out.data()); }) {
+        st.positions_of(seq, in, out.data());  // one lookup per slot, inline
+      } else {
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = st.position(seq, in[i]);
+      }
     }
   }
 
