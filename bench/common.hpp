@@ -50,7 +50,18 @@ double bandwidth_reference();
 void set_bandwidth_reference(double bytes_per_second);
 // One timed pass over `a` (seconds) with `threads` OpenMP threads (0: all).
 double streaming_read_pass(const float* a, std::size_t n, double* sink, int threads);
-std::vector<float> make_bandwidth_array();
+kvsift::kv_vector<float> make_bandwidth_array();  // in the stores' memory (core/kv_memory.hpp)
+
+// ---- the arithmetic reference -------------------------------------------------------------------
+// Multiply-adds per second (f32 lanes) on the decode kernels' SIMD path (cpu::active_simd():
+// AVX-512 or AVX2 FMAs, or the portable path's 4-lane multiply and add), every OpenMP thread,
+// independent accumulators in registers, best pass. Set by BM_arithmetic_reference; measured
+// lazily if it was filtered out. A decode step's attention needs 2 x G x d multiply-adds per
+// (token, KV head) it reads (q.k for G query heads, then p.v), whatever the element type, so
+// bf16's limit is its arithmetic before its bytes where this rate is under 2 x G / 2 per byte
+// (the decode table's second reference column, docs/performance.md).
+double arithmetic_reference();
+double fma_pass(int threads);  // one timed pass: multiply-adds per second with `threads` (0: all)
 
 // Sets bytes_per_second, tokens_per_second and bw_fraction from per-iteration amounts.
 inline void report(benchmark::State& st, double bytes_per_iter, double tokens_per_iter) {

@@ -29,8 +29,8 @@ constexpr std::size_t bandwidth_floats = std::size_t{256} << 20 >> 2;  // 256 MB
 
 void set_bandwidth_reference(double bytes_per_second) { g_bandwidth = bytes_per_second; }
 
-std::vector<float> make_bandwidth_array() {
-  std::vector<float> a(bandwidth_floats);
+kvsift::kv_vector<float> make_bandwidth_array() {
+  kvsift::kv_vector<float> a(bandwidth_floats);
   float* p = a.data();
   const auto n = static_cast<std::int64_t>(a.size());
   // first touch by the threads that later read it
@@ -102,6 +102,119 @@ void BM_bandwidth_reference(benchmark::State& st) {
   st.counters["threads"] = max_threads();
 }
 BENCHMARK(BM_bandwidth_reference)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace kvbench
+
+namespace kvbench {
+namespace {
+double g_arithmetic = 0.0;  // multiply-adds per second; 0 until measured
+constexpr int kChains = 12;  // > FMA latency x issue rate: the loop is throughput-bound
+constexpr std::int64_t kFmaRounds = std::int64_t{1} << 22;
+
+#if KVSIFT_HAVE_X86_SIMD_PATH
+KVSIFT_TARGET_AVX512 float fma_rounds_avx512(std::int64_t rounds) {
+  __m512 a[kChains];
+  for (int k = 0; k < kChains; ++k) a[k] = _mm512_set1_ps(0.001f * static_cast<float>(k));
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
+  for (std::int64_t i = 0; i < rounds; ++i) {
+    for (int k = 0; k < kChains; ++k) a[k] = _mm512_fmadd_ps(a[k], x, y);
+  }
+  __m512 s = a[0];
+  for (int k = 1; k < kChains; ++k) s = _mm512_add_ps(s, a[k]);
+  return _mm512_reduce_add_ps(s);
+}
+KVSIFT_TARGET_AVX2 float fma_rounds_avx2(std::int64_t rounds) {
+  __m256 a[kChains];
+  for (int k = 0; k < kChains; ++k) a[k] = _mm256_set1_ps(0.001f * static_cast<float>(k));
+  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
+  for (std::int64_t i = 0; i < rounds; ++i) {
+    for (int k = 0; k < kChains; ++k) a[k] = _mm256_fmadd_ps(a[k], x, y);
+  }
+  alignas(32) float lanes8[8];
+  __m256 s = a[0];
+  for (int k = 1; k < kChains; ++k) s = _mm256_add_ps(s, a[k]);
+  _mm256_store_ps(lanes8, s);
+  float t = 0.0f;
+  for (const float v : lanes8) t += v;
+  return t;
+}
+#endif
+// The portable path's arithmetic: a multiply and an add per lane, 4 lanes (SSE2).
+float fma_rounds_portable(std::int64_t rounds) {
+  float a[kChains][4];
+  for (int k = 0; k < kChains; ++k) {
+    for (int l = 0; l < 4; ++l) a[k][l] = 0.001f * static_cast<float>(k + l);
+  }
+  for (std::int64_t i = 0; i < rounds; ++i) {
+    for (int k = 0; k < kChains; ++k) {
+      for (int l = 0; l < 4; ++l) a[k][l] = a[k][l] * 0.999f + 0.001f;
+    }
+  }
+  float t = 0.0f;
+  for (int k = 0; k < kChains; ++k) {
+    for (int l = 0; l < 4; ++l) t += a[k][l];
+  }
+  return t;
+}
+
+// lanes per multiply-add on the active path, and one thread's rounds
+int path_lanes() {
+#if KVSIFT_HAVE_X86_SIMD_PATH
+  switch (kvsift::cpu::active_simd()) {
+    case kvsift::cpu::simd::avx512: return 16;
+    case kvsift::cpu::simd::avx2: return 8;
+    default: break;
+  }
+#endif
+  return 4;
+}
+float fma_rounds(std::int64_t rounds) {
+#if KVSIFT_HAVE_X86_SIMD_PATH
+  switch (kvsift::cpu::active_simd()) {
+    case kvsift::cpu::simd::avx512: return fma_rounds_avx512(rounds);
+    case kvsift::cpu::simd::avx2: return fma_rounds_avx2(rounds);
+    default: break;
+  }
+#endif
+  return fma_rounds_portable(rounds);
+}
+}  // namespace
+
+double fma_pass(int threads) {
+  const int nt = threads > 0 ? threads : max_threads();
+  float sink = 0.0f;
+  const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(nt) reduction(+ : sink)
+  sink += fma_rounds(kFmaRounds);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(sink);
+  return static_cast<double>(nt) * kFmaRounds * kChains * path_lanes() / seconds;
+}
+
+double arithmetic_reference() {
+  if (g_arithmetic <= 0.0) {  // BM_arithmetic_reference was filtered out: measure once, lazily
+    for (int i = 0; i < 6; ++i) g_arithmetic = std::max(g_arithmetic, fma_pass(i % 2));
+    std::fprintf(stderr, "kvsift_bench: arithmetic reference measured lazily: %.1f G multiply-adds/s\n",
+                 g_arithmetic * 1e-9);
+  }
+  return g_arithmetic;
+}
+
+// Multiply-adds per second on the kernels' path, all threads (and one, as a floor on a shared
+// machine); the best pass is the decode rows' arithmetic reference (fma_fraction).
+void BM_arithmetic_reference(benchmark::State& st) {
+  double best = 0.0;
+  for (auto _ : st) best = std::max(best, fma_pass(0));
+  double best1 = 0.0;
+  for (int i = 0; i < 3; ++i) best1 = std::max(best1, fma_pass(1));
+  st.counters["all_threads_fma_per_second"] = best;
+  st.counters["one_thread_fma_per_second"] = best1;
+  g_arithmetic = std::max({g_arithmetic, best, best1});
+  st.counters["best_fma_per_second"] = g_arithmetic;
+  st.counters["lanes"] = path_lanes();
+  st.counters["threads"] = max_threads();
+}
+BENCHMARK(BM_arithmetic_reference)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace kvbench
 

@@ -142,7 +142,9 @@ void bm_decode(benchmark::State& st, const model& m, int n, int b, int r) {
     fx.warm = true;
   }
   const std::span<const kvsift::decode_token<T>> tokens(fx.tokens);
-  double bytes = 0.0;
+  double bytes = 0.0, fmas = 0.0;
+  const auto& sh = fx.store.shape();
+  const double fmas_per_row = 2.0 * sh.group_size() * sh.head_dim;  // q.k and p.v, G query heads
   // each step's wall time (decode + attend + after_attention), for its median and p99: a busy
   // host shows in the tail first (scripts/bench.sh --loaded)
   std::vector<double> step_seconds;
@@ -166,11 +168,14 @@ void bm_decode(benchmark::State& st, const model& m, int n, int b, int r) {
     fx.meth->after_attention(fx.layer, tokens);
     step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     bytes += fx.resident_kv_bytes();  // read after the step: the kept set plus the new token
+    fmas += fmas_per_row * static_cast<double>(plan.slots.values.size());  // the rows it attends
   }
   const double iters = std::max<double>(1.0, static_cast<double>(st.iterations()));
   st.counters["resident_bytes"] = bytes / iters;
   st.counters["step_p50_ms"] = 1e3 * quantile(step_seconds, 0.50);
   st.counters["step_p99_ms"] = 1e3 * quantile(step_seconds, 0.99);
+  // the step's attention arithmetic against the machine's multiply-add rate (bench/common.hpp)
+  st.counters["fma_fraction"] = benchmark::Counter(fmas / arithmetic_reference(), benchmark::Counter::kIsRate);
   report(st, bytes / iters, static_cast<double>(r));
 }
 

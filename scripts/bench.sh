@@ -15,6 +15,14 @@
 #                the whole run (started and stopped here), and the library runs its loops on the
 #                benchmark's thread (--kvsift_threading=caller, cpu::scoped_threading); compare
 #                each row's step_p99_ms with the quiet run's step_p50_ms
+#   --nice N     with --loaded: the busy processes run at nice N (default 0, the benchmark's own
+#                priority); N > 0 is a host whose background work yields to the engine's decode
+#                thread, as an engine would set it
+#   --threading pool|caller
+#                with --loaded: how the library runs its loops (default caller)
+#   --against F  with --loaded: the quiet run's bench.json to compare with (default
+#                build/bench-results/bench.json when it exists); summary.md then has the table
+#                of each row's p99 / quiet p50
 # Without --quick the full sweep runs (4K..128K, both models, budgets 1024/4096, 1 and 4
 # requests): hours on 2 cores.
 set -euo pipefail
@@ -22,6 +30,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 quick=0
 loaded=0
+nice_level=0
+threading=caller
+against=""
 out_given=0
 out="${root}/build/bench-results"
 build=""
@@ -31,11 +42,14 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
     --loaded) loaded=1; quick=1 ;;
+    --nice) nice_level="$2"; shift ;;
+    --threading) threading="$2"; shift ;;
+    --against) against="$2"; shift ;;
     --out) out="$2"; out_given=1; shift ;;
     --build) build="$2"; shift ;;
     --min-time) min_time="$2"; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '3,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '3,28p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -67,6 +81,7 @@ if [[ ${quick} -eq 1 ]]; then
   m='llama31_8b/[a-z0-9]+'
   parts=(
     '^BM_bandwidth_reference'
+    '^BM_arithmetic_reference'
     "^BM_(score/(window_attention|last_query_attention|key_norm|recency|page_minmax|lag)|probe/[a-z_]+|attention/attend_plan|select/[a-z_]+|budget/[a-z_]+|transfer/[a-z_]+|store/(dense|paged)_(append|retain_roll|gather))/${m}/n(4096|32768)/(B[0-9]+/)?r1/"
     "^BM_store/(dense|paged)_retain_compress/${m}/n4096/B1024/r1/"
     "^BM_score/cumulative_attention/${m}/n1024/r1/"
@@ -79,13 +94,14 @@ if [[ ${quick} -eq 1 ]]; then
   if [[ ${loaded} -eq 1 ]]; then  # the bandwidth reference and the decode rows only
     parts=(
       '^BM_bandwidth_reference'
+      '^BM_arithmetic_reference'
       "^BM_decode/(full_kv|lagkv|streaming_llm|snapkv|pyramidkv|quest|dynamickv)/${m}/n(4096|32768)/(B1024/)?r1/"
       '^BM_decode/h2o/llama31_8b/(f32|bf16)/n1024/B256/r1/'
       '^BM_decode/h2o/llama31_8b/bf16/n2048/B256/r1/'
       '^BM_decode/(full_kv|streaming_llm|snapkv|quest|lagkv|dynamickv)/llama31_8b/bf16/n4096/(B1024/)?r4/'
       '^BM_decode/(full_kv|quest)/llama32_1b/bf16/n32768/(B1024/)?r1/'
     )
-    args+=("--kvsift_threading=caller")
+    args+=("--kvsift_threading=${threading}")
     [[ ${out_given} -eq 1 ]] || out="${root}/build/bench-results-loaded"
   fi
   filter="$(IFS='|'; echo "${parts[*]}")"
@@ -99,15 +115,20 @@ busy=()
 if [[ ${loaded} -eq 1 ]]; then
   # one busy process per core for the run's duration; stopped on any exit
   for _ in $(seq "$(nproc)"); do
-    ( while :; do :; done ) &
+    nice -n "${nice_level}" bash -c 'while :; do :; done' &
     busy+=($!)
   done
   trap 'kill "${busy[@]}" 2>/dev/null || true' EXIT
-  echo "bench.sh: ${#busy[@]} busy processes started (pids ${busy[*]})"
+  echo "bench.sh: ${#busy[@]} busy processes started at nice ${nice_level} (pids ${busy[*]}), kvsift threading ${threading}"
 fi
 start=$(date +%s)
 "${bin}" "${args[@]}" --benchmark_out="${out}/bench.json" --benchmark_out_format=json \
   --benchmark_counters_tabular=false "${extra[@]}"
 echo "bench.sh: benchmarks took $(( $(date +%s) - start )) s"
-"${py}" "${root}/bench/summarize.py" "${out}/bench.json" > "${out}/summary.md"
+quiet=()
+if [[ ${loaded} -eq 1 ]]; then
+  [[ -n "${against}" || ! -f "${root}/build/bench-results/bench.json" ]] || against="${root}/build/bench-results/bench.json"
+  [[ -z "${against}" ]] || quiet=(--quiet "${against}")
+fi
+"${py}" "${root}/bench/summarize.py" "${out}/bench.json" "${quiet[@]}" > "${out}/summary.md"
 echo "bench.sh: wrote ${out}/bench.json and ${out}/summary.md"
