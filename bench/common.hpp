@@ -57,9 +57,11 @@ kvsift::kv_vector<float> make_bandwidth_array();  // in the stores' memory (core
 // AVX-512 or AVX2 FMAs, or the portable path's 4-lane multiply and add), every OpenMP thread,
 // independent accumulators in registers, best pass. Set by BM_arithmetic_reference; measured
 // lazily if it was filtered out. A decode step's attention needs 2 x G x d multiply-adds per
-// (token, KV head) it reads (q.k for G query heads, then p.v), whatever the element type, so
-// bf16's limit is its arithmetic before its bytes where this rate is under 2 x G / 2 per byte
-// (the decode table's second reference column, docs/performance.md).
+// (token, KV head) it reads (q.k for G query heads, then p.v), whatever the element type: G / 2
+// multiply-adds per byte of bf16 KV, G / 4 of f32, so a row is arithmetic-bound where this rate
+// is under that times the bandwidth reference (the decode table's second reference column,
+// docs/performance.md). A run on the caller's thread (--kvsift_threading=caller) is still
+// compared with the all-threads rate.
 double arithmetic_reference();
 double fma_pass(int threads);  // one timed pass: multiply-adds per second with `threads` (0: all)
 

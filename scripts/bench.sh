@@ -49,11 +49,17 @@ while [[ $# -gt 0 ]]; do
     --build) build="$2"; shift ;;
     --min-time) min_time="$2"; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '3,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '3,27p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
 done
+
+if [[ ${loaded} -eq 0 && ( ${nice_level} != 0 || ${threading} != caller || -n "${against}" ) ]]; then
+  echo "bench.sh: --nice, --threading and --against go with --loaded" >&2; exit 2
+fi
+[[ "${nice_level}" =~ ^-?[0-9]+$ ]] || { echo "bench.sh: --nice wants an integer, not '${nice_level}'" >&2; exit 2; }
+[[ "${threading}" == pool || "${threading}" == caller ]] || { echo "bench.sh: --threading is pool or caller" >&2; exit 2; }
 
 py=/usr/bin/python3  # Debian's interpreter (stdlib only), not the python3 first on PATH
 jobs="${KVSIFT_JOBS:-2}"
@@ -111,6 +117,15 @@ fi
 [[ -n "${min_time}" ]] && args+=("--benchmark_min_time=${min_time}")  # plain seconds (1.7.1)
 
 mkdir -p "${out}"
+quiet=()  # the quiet run a loaded one is compared with, fixed before this run writes anything
+if [[ ${loaded} -eq 1 ]]; then
+  [[ -n "${against}" || ! -f "${root}/build/bench-results/bench.json" ]] || against="${root}/build/bench-results/bench.json"
+  if [[ -n "${against}" ]]; then
+    [[ "$(realpath -m "${against}")" != "$(realpath -m "${out}/bench.json")" ]] ||
+      { echo "bench.sh: --against ${against} is this run's own output" >&2; exit 2; }
+    quiet=(--quiet "${against}")
+  fi
+fi
 busy=()
 if [[ ${loaded} -eq 1 ]]; then
   # one busy process per core for the run's duration; stopped on any exit
@@ -125,10 +140,5 @@ start=$(date +%s)
 "${bin}" "${args[@]}" --benchmark_out="${out}/bench.json" --benchmark_out_format=json \
   --benchmark_counters_tabular=false "${extra[@]}"
 echo "bench.sh: benchmarks took $(( $(date +%s) - start )) s"
-quiet=()
-if [[ ${loaded} -eq 1 ]]; then
-  [[ -n "${against}" || ! -f "${root}/build/bench-results/bench.json" ]] || against="${root}/build/bench-results/bench.json"
-  [[ -z "${against}" ]] || quiet=(--quiet "${against}")
-fi
 "${py}" "${root}/bench/summarize.py" "${out}/bench.json" "${quiet[@]}" > "${out}/summary.md"
 echo "bench.sh: wrote ${out}/bench.json and ${out}/summary.md"

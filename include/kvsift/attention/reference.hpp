@@ -107,8 +107,8 @@ void attend_plan_head(const Store& store, int request, int layer, const float* q
   const auto slots = plan[first_segment + h];
   const float* qg = q + static_cast<std::size_t>(h) * G * d;
   float* og = out + static_cast<std::size_t>(h) * G * d;
-  // the plan's row addresses, looked up once (a store's row_addresses: one row-map read and one
-  // page lookup per row, where key() and value() would each repeat them)
+  // the plan's row addresses, looked up in one pass (a store's row_addresses: inline, where key()
+  // and value() would each repeat the row map and page lookups); the kernels index this table
   using T = typename Store::element_type;
   const std::size_t m = slots.size();
   thread_local std::vector<const T*> rows;

@@ -7,12 +7,15 @@
 // A decode step streams a head-sequence's whole resident KV. With 4 KiB pages every page of it
 // is a TLB miss and a boundary where the hardware prefetcher stops; so an allocation of at least
 // `huge_page_bytes` is aligned to 2 MiB and, on Linux, advised as transparent huge pages
-// (madvise(MADV_HUGEPAGE), before its first touch): Linux's default THP mode, `madvise`, backs
-// only advised memory with huge pages. Measured on a 2-core AMD EPYC VM (docs/performance.md,
-// "Huge pages, row addresses, far prefetch"): a bf16 full-KV decode step at 32K tokens
-// 5.8 -> 5.0-5.3 ms in interleaved runs. The advice is only advice: where the kernel refuses it,
-// or THP is `never`, the memory is ordinary pages and nothing else changes. Smaller allocations
-// are `std::allocator`'s.
+// (madvise(MADV_HUGEPAGE), before the vector's first touch of it): Linux's default THP mode,
+// `madvise`, backs only advised memory with huge pages (memory the C library reuses may already be
+// backed by small pages). Measured on a 2-core AMD EPYC VM (docs/performance.md, "Latest tables
+// (2026-11-27 evening)"): a bf16 full-KV decode step at 32K tokens 5.8 -> 5.0-5.3 ms in
+// interleaved runs. The advice is only advice: where the kernel refuses it, or THP is `never`, the
+// memory is ordinary pages and nothing else changes. Smaller allocations are `std::allocator`'s.
+//
+// Under AddressSanitizer every allocation is std::allocator's: a huge allocation is rounded up to
+// 2 MiB, and ASan would not see an overrun into the rounding.
 //
 // Memory an engine hands a store (the wrapping constructors) is the engine's: it decides its
 // pages (e.g. the same madvise on its KV pool).
@@ -27,12 +30,25 @@
 #include <sys/mman.h>
 #endif
 
+#if defined(__SANITIZE_ADDRESS__)
+#define KVSIFT_KV_MEMORY_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVSIFT_KV_MEMORY_ASAN 1
+#endif
+#endif
+#ifndef KVSIFT_KV_MEMORY_ASAN
+#define KVSIFT_KV_MEMORY_ASAN 0
+#endif
+
 namespace kvsift {
 
 template <class T>
 struct kv_allocator {
   using value_type = T;
   static constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+  // Whether allocations of huge_page_bytes or more take the aligned, advised path (not under ASan).
+  static constexpr bool advises_huge_pages = !KVSIFT_KV_MEMORY_ASAN;
 
   kv_allocator() noexcept = default;
   template <class U>
@@ -60,7 +76,7 @@ struct kv_allocator {
 
  private:
   static constexpr bool huge(std::size_t n) noexcept {
-    return n >= huge_page_bytes / sizeof(T);
+    return advises_huge_pages && n >= huge_page_bytes / sizeof(T);
   }
   static constexpr std::size_t rounded(std::size_t n) noexcept {  // aligned_alloc: a multiple
     return (n * sizeof(T) + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;

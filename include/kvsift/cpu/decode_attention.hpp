@@ -169,10 +169,11 @@ void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&&
 
 #if KVSIFT_HAVE_X86_SIMD_PATH
 // What both vector paths share (no ISA beyond x86-64's SSE: inlined into either).
-// Rows are prefetched twice: into L1 kPrefetchRows ahead, and into L2 kFarRows ahead, so more
+// Rows are prefetched twice: into L1 kPrefetchRows ahead, and into L2 kFarRows ahead (the value
+// pass: a block of kRowBlock rows kFarRows past the next block), so more
 // lines are in flight than L1's miss buffers allow and the memory stays busy while the FMAs run
 // (a bf16 full-KV step at 32K 4.4-4.5 -> 4.1 ms on a 2-core AMD EPYC VM, interleaved runs,
-// docs/performance.md "Huge pages, row addresses, far prefetch").
+// docs/performance.md "Latest tables (2026-11-27 evening)").
 constexpr int kPrefetchRows = 16;
 constexpr int kFarRows = 64;
 

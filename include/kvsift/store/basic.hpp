@@ -70,8 +70,9 @@ class basic_store {
     return self().value_slot(seq, row(seq, slot));
   }
   // key(seq, slots[i]) and value(seq, slots[i]) for every i, for kernels that read many rows (the
-  // decode attention's address table): one row-map read and one page lookup per row, inline,
-  // where key() and value() each look the row up again. Slots must be resident (unchecked).
+  // decode attention's address table): inline, one index computation per row when rows are in
+  // slot order and two (the row map's, the row's) when not, where key() and value() each repeat
+  // them (out of order through an out-of-line call). Slots must be resident (unchecked).
   void row_addresses(std::int64_t seq, std::span<const std::int32_t> slots, const T** keys,
                      const T** values) const {
     const Derived& d = self();
@@ -85,7 +86,7 @@ class basic_store {
     }
   }
   // position(seq, slots[i]) for every i (a plan's positions), and position(seq, j) for j in
-  // [0, n) converted to V (a recency score): as row_addresses, one lookup per slot, inline.
+  // [0, n) converted to V (a recency score): inline, as row_addresses.
   void positions_of(std::int64_t seq, std::span<const std::int32_t> slots, std::int32_t* out) const {
     gather_positions(seq, slots.size(), [slots](std::size_t i) { return slots[i]; }, out);
   }
