@@ -299,6 +299,43 @@ TEMPLATE_TEST_CASE("attend_plan_batch equals attend_plan per token; a bad token 
   REQUIRE(std::all_of(untouched.begin(), untouched.end(), [](float x) { return x == -7.0f; }));
 }
 
+TEMPLATE_TEST_CASE("group_dots_rows equals dot on every row and head, bit for bit", "[decode_attention]",
+                   float, bfloat16, half) {
+  using T = TestType;
+  std::mt19937 rng(37);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (const int d : {4, 8, 12, 20, 64, 128}) {
+    for (const int G : {1, 3, 4, 5, 9}) {
+      for (const std::size_t m : {1u, 2u, 3u, 5u, 8u, 13u}) {
+        std::vector<float> q(static_cast<std::size_t>(G) * d);
+        std::vector<T> k(m * static_cast<std::size_t>(d));
+        for (float& x : q) x = nd(rng);
+        for (auto& x : k) x = kvsift::from_float<T>(nd(rng));
+        // rows out of order in memory, as a plan's slots are
+        std::vector<const T*> rows(m);
+        for (std::size_t j = 0; j < m; ++j) rows[j] = k.data() + (m - 1 - j) * d;
+        const std::size_t ld = m + 3;  // a leading dimension wider than m: columns beyond stay
+        for (const cpu::simd level : {cpu::simd::portable, cpu::simd::avx2, cpu::simd::avx512}) {
+          if (level > cpu::detected_simd()) continue;
+          std::vector<float> got(static_cast<std::size_t>(G) * ld, -5.0f);
+          cpu::group_dots_rows<T>(q.data(), G, d, m, [&](std::size_t j) { return rows[j]; },
+                                  got.data(), ld, level);
+          for (int g = 0; g < G; ++g) {
+            for (std::size_t j = 0; j < ld; ++j) {
+              CAPTURE(d, G, m, g, j, cpu::simd_name(level));
+              const float w = j < m ? kvsift::dot(q.data() + static_cast<std::size_t>(g) * d,
+                                                  rows[j], d)
+                                    : -5.0f;
+              REQUIRE(std::bit_cast<std::uint32_t>(got[g * ld + j]) ==
+                      std::bit_cast<std::uint32_t>(w));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("group_dots and attention_rows_over equal dot and attention_row_over bit for bit",
                    "[decode_attention]", float, bfloat16, half) {
   using T = TestType;
@@ -339,7 +376,7 @@ TEMPLATE_TEST_CASE("group_dots and attention_rows_over equal dot and attention_r
   for (float& x : q) x = nd(rng);
   const auto seq = shape.sequence(0, 0, 1);
   std::vector<float> rows(6 * slots.size()), one(slots.size());
-  for (const cpu::simd level : {cpu::simd::portable, cpu::simd::avx2}) {
+  for (const cpu::simd level : {cpu::simd::portable, cpu::simd::avx2, cpu::simd::avx512}) {
     if (level > cpu::detected_simd()) continue;
     const pin p(level);
     cpu::attention_rows_over(store, seq, q.data(), 6, slots, rows);

@@ -123,16 +123,14 @@ void attend_plan_head(const Store& store, int request, int layer, const float* q
       vrow[j] = store.value(seq, slots[j]);
     }
   }
-  auto key = [krow](std::size_t j) { return krow[j]; };
-  auto value = [vrow](std::size_t j) { return vrow[j]; };
   if (weights != nullptr) {
     const auto probs = weights->segment(first_segment + h);
-    cpu::attention_rows_at<T>(key, m, d, qg, G, probs);
-    cpu::weighted_values<T>(probs.data(), G, d, m, value, og);
+    cpu::attention_rows_at<T>([krow](std::size_t j) { return krow[j]; }, m, d, qg, G, probs);
+    cpu::weighted_values_at<T>(probs.data(), G, d, m, vrow, og);
     return;
   }
   thread_local std::vector<float> logits;
-  cpu::attend_group<T>(qg, G, d, m, key, value, og, scale, logits);
+  cpu::attend_group_at<T>(qg, G, d, m, krow, vrow, og, scale, logits);
 }
 
 }  // namespace detail

@@ -63,16 +63,8 @@ template <Element T, class KeyAt>
 void attention_rows_at(KeyAt&& key, std::size_t m, int d, const float* q, int G,
                        std::span<float> probs) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const simd level = active_simd();  // once per call, not per row
-  float dots[64];
-  for (int g0 = 0; g0 < G; g0 += 64) {  // a group of at most 64 heads at a time
-    const int gc = std::min(64, G - g0);
-    for (std::size_t i = 0; i < m; ++i) {
-      group_dots(q + static_cast<std::size_t>(g0) * d, gc, static_cast<const T*>(key(i)), d, dots,
-                 level);
-      for (int g = 0; g < gc; ++g) probs[static_cast<std::size_t>(g0 + g) * m + i] = dots[g] * scale;
-    }
-  }
+  group_dots_rows<T>(q, G, d, m, key, probs.data(), m);
+  for (float& x : probs.first(static_cast<std::size_t>(G) * m)) x *= scale;
   for (int g = 0; g < G; ++g) softmax(probs.subspan(static_cast<std::size_t>(g) * m, m));
 }
 

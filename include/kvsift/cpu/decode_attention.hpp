@@ -52,6 +52,14 @@
 #else
 #include <immintrin.h>
 #endif
+// Unrolls the loops over a kernel's register arrays (heads, rows, channel blocks: constant trip
+// counts) whatever the includer's -O level: without it GCC at -O2 (CMake's RelWithDebInfo) keeps
+// the accumulators on the stack and the bf16 attention runs ~3.5x slower than at -O3.
+#if defined(__clang__)
+#define KVSIFT_UNROLL _Pragma("unroll")
+#else
+#define KVSIFT_UNROLL _Pragma("GCC unroll 16")
+#endif
 #define KVSIFT_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define KVSIFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 // AVX2 without FMA: code whose products must round on their own (cpu/group_dots.hpp), and the
@@ -177,17 +185,17 @@ void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&&
 constexpr int kPrefetchRows = 16;
 constexpr int kFarRows = 64;
 
-template <Element T>
+// Every 64-byte line of a row, with the hint: _MM_HINT_T0 (into L1) for the rows kPrefetchRows
+// ahead, _MM_HINT_T2 (into L2) for those kFarRows ahead.
+template <auto Hint = _MM_HINT_T0, Element T>
 inline void prefetch_row(const T* p, int d) {
   const char* b = reinterpret_cast<const char*>(p);
   const int bytes = d * static_cast<int>(sizeof(T));
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + o, _MM_HINT_T0);
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + o, Hint);
 }
 template <Element T>
 inline void prefetch_row_far(const T* p, int d) {
-  const char* b = reinterpret_cast<const char*>(p);
-  const int bytes = d * static_cast<int>(sizeof(T));
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + o, _MM_HINT_T2);
+  prefetch_row<_MM_HINT_T2>(p, d);
 }
 
 // f.operator()<GC>() for GC = min(gc, Max) (gc >= 1): a tile of GC query heads.
@@ -259,18 +267,24 @@ KVSIFT_TARGET_AVX512 inline void logits_quad(const float* q, int d, const T* con
                                              float* logits, std::size_t ld, std::size_t j) {
   static_assert(GC >= 1 && GC <= 4);
   __m512 acc[GC][4];
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
+    KVSIFT_UNROLL
     for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_setzero_ps();
   }
   for (int b = 0; b < d / 16; ++b) {
     __m512 kv[4];
+    KVSIFT_UNROLL
     for (int r = 0; r < 4; ++r) kv[r] = load16(k[r] + 16 * b);
+    KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) {
       const __m512 qv = _mm512_loadu_ps(q + g * d + 16 * b);
+      KVSIFT_UNROLL
       for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_fmadd_ps(qv, kv[r], acc[g][r]);
     }
   }
   const __m128 sc = _mm_set1_ps(scale);
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
     _mm_storeu_ps(logits + g * ld + j,
                   _mm_mul_ps(hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), sc));
@@ -298,9 +312,11 @@ KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, Key
   for (; j < m; ++j) {
     const T* k = key(j);
     __m512 acc[8];
+    KVSIFT_UNROLL
     for (int g = 0; g < 8; ++g) acc[g] = _mm512_setzero_ps();
     for (int b = 0; b < d / 16; ++b) {
       const __m512 kv = load16(k + 16 * b);
+      KVSIFT_UNROLL
       for (int g = 0; g < GC; ++g) {
         acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * d + 16 * b), kv, acc[g]);
       }
@@ -309,6 +325,7 @@ KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, Key
     const __m128 sc = _mm_set1_ps(scale);
     _mm_store_ps(s, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), sc));
     if constexpr (GC > 4) _mm_store_ps(s + 4, _mm_mul_ps(hsum4(acc[4], acc[5], acc[6], acc[7]), sc));
+    KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) logits[g * ld + j] = s[g];
   }
 }
@@ -349,20 +366,27 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
                                            float* out) {
   static_assert(GC * CT <= 16);
   __m512 acc[GC][CT];
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
+    KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_loadu_ps(out + g * d + c0 + 16 * t);
   }
   std::size_t j = j0;
   do {
     const T* v = value(j) + c0;
     __m512 vv[CT];
+    KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) vv[t] = load16(v + 16 * t);
+    KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) {
       const __m512 wg = _mm512_set1_ps(w[g * ld + j]);
+      KVSIFT_UNROLL
       for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_fmadd_ps(wg, vv[t], acc[g][t]);
     }
   } while (++j < j1);
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
+    KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) _mm512_storeu_ps(out + g * d + c0 + 16 * t, acc[g][t]);
   }
 }
@@ -392,6 +416,7 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
       accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, value, out);
     }
   }
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
     const __m512 s = _mm512_set1_ps(inv[g]);
     for (int c = 0; c < d; c += 16) {
@@ -400,19 +425,11 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
   }
 }
 
-template <Element T, class KeyAt, class ValueAt>
-void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, ValueAt& value_at,
-                  float* out, float scale, std::vector<float>& logits) {
-  // Row addresses once (a paged store divides by the page size per lookup; the kernels and their
-  // prefetches ask for each row several times)
-  thread_local std::vector<const T*> rows;
-  rows.resize(2 * m);
-  const T** krow = rows.data();
-  const T** vrow = rows.data() + m;
-  for (std::size_t j = 0; j < m; ++j) {
-    krow[j] = key_at(j);
-    vrow[j] = value_at(j);
-  }
+// krow[j] / vrow[j]: row j's addresses, looked up once by the caller (the kernels and their
+// prefetches ask for each row several times).
+template <Element T>
+void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* krow,
+                  const T* const* vrow, float* out, float scale, std::vector<float>& logits) {
   auto key = [krow](std::size_t j) { return krow[j]; };
   auto value = [vrow](std::size_t j) { return vrow[j]; };
   logits.resize(static_cast<std::size_t>(G) * m);
@@ -495,18 +512,24 @@ KVSIFT_TARGET_AVX2 inline void logits_quad(const float* q, int d, const T* const
                                            float* logits, std::size_t ld, std::size_t j) {
   static_assert(GC >= 1 && GC <= 2);
   __m256 acc[GC][4];
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
+    KVSIFT_UNROLL
     for (int r = 0; r < 4; ++r) acc[g][r] = _mm256_setzero_ps();
   }
   for (int b = 0; b < d / 8; ++b) {
     __m256 kv[4];
+    KVSIFT_UNROLL
     for (int r = 0; r < 4; ++r) kv[r] = load8(k[r] + 8 * b);
+    KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) {
       const __m256 qv = _mm256_loadu_ps(q + g * d + 8 * b);
+      KVSIFT_UNROLL
       for (int r = 0; r < 4; ++r) acc[g][r] = _mm256_fmadd_ps(qv, kv[r], acc[g][r]);
     }
   }
   const __m128 sc = _mm_set1_ps(scale);
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
     _mm_storeu_ps(logits + g * ld + j,
                   _mm_mul_ps(hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), sc));
@@ -534,15 +557,18 @@ KVSIFT_TARGET_AVX2 void logits_block(const float* q, int d, std::size_t m, KeyAt
   for (; j < m; ++j) {
     const T* k = key(j);
     __m256 acc[4];
+    KVSIFT_UNROLL
     for (int g = 0; g < 4; ++g) acc[g] = _mm256_setzero_ps();
     for (int b = 0; b < d / 8; ++b) {
       const __m256 kv = load8(k + 8 * b);
+      KVSIFT_UNROLL
       for (int g = 0; g < GC; ++g) {
         acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + 8 * b), kv, acc[g]);
       }
     }
     alignas(16) float s[4];
     _mm_store_ps(s, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(scale)));
+    KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) logits[g * ld + j] = s[g];
   }
 }
@@ -582,7 +608,9 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
                                          float* out) {
   static_assert(GC * CT + GC + 1 <= 16);
   __m256 acc[GC][CT];
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
+    KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) {
       acc[g][t] = _mm256_loadu_ps(out + g * d + c0 + 8 * t);
     }
@@ -591,13 +619,18 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
   do {  // j0 < j1: with a loop that may run zero times GCC 12 keeps acc in memory
     const T* v = value(j) + c0;
     __m256 wg[GC];
+    KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) wg[g] = _mm256_broadcast_ss(w + g * ld + j);
+    KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) {
       const __m256 vv = load8(v + 8 * t);
+      KVSIFT_UNROLL
       for (int g = 0; g < GC; ++g) acc[g][t] = _mm256_fmadd_ps(wg[g], vv, acc[g][t]);
     }
   } while (++j < j1);
+  KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
+    KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) _mm256_storeu_ps(out + g * d + c0 + 8 * t, acc[g][t]);
   }
 }
@@ -644,17 +677,9 @@ KVSIFT_TARGET_AVX2 inline void scale_rows(float* out, int G, int d, const float*
 // sequence; each chunk rescales what the earlier ones accumulated by exp(old max - new max).
 constexpr std::size_t kChunk = 2048;
 
-template <Element T, class KeyAt, class ValueAt>
-void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, ValueAt& value_at,
-                  float* out, float scale, std::vector<float>& logits) {
-  thread_local std::vector<const T*> rows;  // row addresses once (see avx512::attend_group)
-  rows.resize(2 * m);
-  const T** krow = rows.data();
-  const T** vrow = rows.data() + m;
-  for (std::size_t j = 0; j < m; ++j) {
-    krow[j] = key_at(j);
-    vrow[j] = value_at(j);
-  }
+template <Element T>
+void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* krow,
+                  const T* const* vrow, float* out, float scale, std::vector<float>& logits) {
   const std::size_t chunk = std::min(m, kChunk);
   logits.resize(static_cast<std::size_t>(G) * chunk);
   float* lg = logits.data();
@@ -702,42 +727,40 @@ void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt& key_at, V
 
 }  // namespace detail
 
-// out [G, d] = sum_j w[g * m + j] value(j) over j in [0, m) for G query heads: the values half
-// of attend_group, for weights computed elsewhere (attention::attend_plan_batch's weighted form:
-// the exact probabilities H2O's scorer reads, cpu/attention_rows.hpp). Each V row is read once
-// for the group, by the same accumulate kernels as attend_group's (AVX-512 with head_dim % 16 == 0,
-// AVX2 with head_dim % 8 == 0, portable otherwise). m == 0 gives zeros.
-template <Element T, class ValueAt>
-void weighted_values(const float* w, int G, int d, std::size_t m, ValueAt&& value_at, float* out) {
+// out [G, d] = sum_j w[g * m + j] vrow[j][0, d) over j in [0, m) for G query heads: the values
+// half of attend_group, for weights computed elsewhere (attention::attend_plan_batch's weighted
+// form: the exact probabilities H2O's scorer reads, cpu/attention_rows.hpp). vrow[j] is row j's
+// address (a store's row_addresses). Each V row is read once for the group, by the same
+// accumulate kernels as attend_group's (AVX-512 with head_dim % 16 == 0, AVX2 with head_dim % 8
+// == 0, portable otherwise). m == 0 gives zeros.
+template <Element T>
+void weighted_values_at(const float* w, int G, int d, std::size_t m, const T* const* vrow,
+                        float* out) {
   std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
   if (m == 0) return;
 #if KVSIFT_HAVE_X86_SIMD_PATH
   const simd level = active_simd();
-  if ((d % 16 == 0 && level == simd::avx512) || (d % 8 == 0 && level >= simd::avx2)) {
-    // row addresses once (the kernels ask for each row per channel tile and to prefetch it)
-    thread_local std::vector<const T*> rows;
-    rows.resize(m);
-    for (std::size_t j = 0; j < m; ++j) rows[j] = value_at(j);
-    if (d % 16 == 0 && level == simd::avx512) {
-      auto value = [vrow = rows.data()](std::size_t j) { return vrow[j]; };
-      const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};  // the weights are normalised: scale by 1
-      for (int g0 = 0; g0 < G; g0 += 8) {
-        detail::with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
-          detail::avx512::accumulate_heads<GC, T>(w + g0 * m, m, ones, d, m, value, out + g0 * d);
-        });
-      }
-      return;
+  if (d % 16 == 0 && level == simd::avx512) {
+    auto value = [vrow](std::size_t j) { return vrow[j]; };
+    const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};  // the weights are normalised: scale by 1
+    for (int g0 = 0; g0 < G; g0 += 8) {
+      detail::with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
+        detail::avx512::accumulate_heads<GC, T>(w + g0 * m, m, ones, d, m, value, out + g0 * d);
+      });
     }
+    return;
+  }
+  if (d % 8 == 0 && level >= simd::avx2) {
     for (int g0 = 0; g0 < G; g0 += 4) {
       detail::with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
-        detail::avx2::accumulate_heads<GC, T>(w + g0 * m, m, d, m, rows.data(), out + g0 * d);
+        detail::avx2::accumulate_heads<GC, T>(w + g0 * m, m, d, m, vrow, out + g0 * d);
       });
     }
     return;
   }
 #endif
   for (std::size_t j = 0; j < m; ++j) {
-    const T* v = value_at(j);
+    const T* v = vrow[j];
     for (int g = 0; g < G; ++g) {
       const float wj = w[g * m + j];
       float* o = out + static_cast<std::size_t>(g) * d;
@@ -746,27 +769,51 @@ void weighted_values(const float* w, int G, int d, std::size_t m, ValueAt&& valu
   }
 }
 
-// out [G, d] = softmax(scale * qg . key(j)) . value(j) over j in [0, m) for the G query heads qg
-// [G, d] of one KV head; key(j) / value(j) return pointers to d elements of type T. m == 0 gives
-// zeros. `logits` is scratch (up to G * m floats).
-template <Element T, class KeyAt, class ValueAt>
-void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt&& key, ValueAt&& value,
-                  float* out, float scale, std::vector<float>& logits) {
+// weighted_values_at with value(j) returning row j's address: the addresses looked up once.
+template <Element T, class ValueAt>
+void weighted_values(const float* w, int G, int d, std::size_t m, ValueAt&& value_at, float* out) {
+  thread_local std::vector<const T*> rows;
+  rows.resize(m);
+  for (std::size_t j = 0; j < m; ++j) rows[j] = value_at(j);
+  weighted_values_at<T>(w, G, d, m, rows.data(), out);
+}
+
+// out [G, d] = softmax(scale * qg . krow[j]) . vrow[j] over j in [0, m) for the G query heads qg
+// [G, d] of one KV head; krow[j] / vrow[j] point to row j's d elements of type T (a store's
+// row_addresses: no per-row lookup here). m == 0 gives zeros. `logits` is scratch (up to G * m
+// floats).
+template <Element T>
+void attend_group_at(const float* qg, int G, int d, std::size_t m, const T* const* krow,
+                     const T* const* vrow, float* out, float scale, std::vector<float>& logits) {
   if (m == 0) {
     std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
     return;
   }
 #if KVSIFT_HAVE_X86_SIMD_PATH
   if (d % 16 == 0 && active_simd() == simd::avx512) {
-    detail::avx512::attend_group<T>(qg, G, d, m, key, value, out, scale, logits);
+    detail::avx512::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits);
     return;
   }
   if (d % 8 == 0 && active_simd() >= simd::avx2) {
-    detail::avx2::attend_group<T>(qg, G, d, m, key, value, out, scale, logits);
+    detail::avx2::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits);
     return;
   }
 #endif
-  detail::attend_group_portable<T>(qg, G, d, m, key, value, out, scale, logits);
+  detail::attend_group_portable<T>(qg, G, d, m, [krow](std::size_t j) { return krow[j]; },
+                                   [vrow](std::size_t j) { return vrow[j]; }, out, scale, logits);
+}
+
+// attend_group_at with key(j) / value(j) returning row j's addresses: looked up once here.
+template <Element T, class KeyAt, class ValueAt>
+void attend_group(const float* qg, int G, int d, std::size_t m, KeyAt&& key, ValueAt&& value,
+                  float* out, float scale, std::vector<float>& logits) {
+  thread_local std::vector<const T*> rows;
+  rows.resize(2 * m);
+  for (std::size_t j = 0; j < m; ++j) {
+    rows[j] = key(j);
+    rows[m + j] = value(j);
+  }
+  attend_group_at<T>(qg, G, d, m, rows.data(), rows.data() + m, out, scale, logits);
 }
 
 }  // namespace kvsift::cpu

@@ -9,14 +9,19 @@
 // On a CPU with AVX2 the products run 8 lanes wide: lane l of an 8-wide accumulator sums the
 // channels c = l (mod 8) by a multiply and an add, as dot's acc[l] does, then the lanes combine in
 // combine8's pairs and the tail follows, in dot's order. The AVX2 functions are compiled without
-// FMA (target "avx2,f16c"), so no multiply and add are fused into one rounding.
+// FMA (target "avx2,f16c"), so no multiply and add are fused into one rounding. With AVX-512 a
+// 16-lane register holds two key rows' 8 lanes side by side (group_dots_rows), so one multiply
+// and one add serve two rows; the products and sums are the embedded-rounding forms (builtins a
+// compiler never contracts into an FMA), and each half reduces in combine8's order.
 
 #include <kvsift/core/dot.hpp>
 #include <kvsift/core/element.hpp>
 #include <kvsift/cpu/decode_attention.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <type_traits>
+#include <vector>
 
 namespace kvsift::cpu {
 
@@ -53,6 +58,90 @@ KVSIFT_TARGET_AVX2_NOFMA void group_dots(const float* q, int G, const T* k, int 
 }
 
 }  // namespace exact
+
+namespace exact512 {
+
+constexpr int kRN = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+constexpr __mmask16 kAll = 0xFFFF;
+
+// Lanes 0-7: a[0, 8) as floats, lanes 8-15: b[0, 8) (bf16 by a shift, f16 exactly).
+template <Element T>
+KVSIFT_TARGET_AVX512 inline __m512 load8x2(const T* a, const T* b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+  } else {
+    const __m256i h = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+
+// Each 8-lane half of x reduced in combine8's order: ((a0 + a4) + (a1 + a5)) + ((a2 + a6) +
+// (a3 + a7)); the sums are in lanes 0 and 8.
+KVSIFT_TARGET_AVX512 inline __m512 combine8x2(__m512 x) {
+  const __m512 b = _mm512_maskz_add_round_ps(kAll, x, _mm512_maskz_shuffle_f32x4(kAll, x, x, 0xB1), kRN);
+  const __m512 c = _mm512_maskz_add_round_ps(kAll, b, _mm512_maskz_permute_ps(kAll, b, 0xB1), kRN);
+  return _mm512_maskz_add_round_ps(kAll, c, _mm512_maskz_permute_ps(kAll, c, 0x4E), kRN);
+}
+
+// out[g * ld + r] = dot(q + g * d, k[r], d) for GC <= 4 heads and 2P rows k[0 .. 2P): rows in
+// pairs, a pair's 8-lane blocks in one register; q2 holds each head's channels twice per block of
+// 8 ([GC, d / 8, 16]). P pairs x GC heads independent chains.
+template <int GC, int P, Element T>
+KVSIFT_TARGET_AVX512 void dots_block(const float* q, const float* q2, int d, const T* const* k,
+                                     float* out, std::size_t ld) {
+  const int blocks = d / 8;
+  __m512 acc[P][GC];
+  KVSIFT_UNROLL
+  for (int p = 0; p < P; ++p) {
+    KVSIFT_UNROLL
+    for (int g = 0; g < GC; ++g) acc[p][g] = _mm512_setzero_ps();
+  }
+  for (int b = 0; b < blocks; ++b) {
+    __m512 kv[P];
+    KVSIFT_UNROLL
+    for (int p = 0; p < P; ++p) kv[p] = load8x2(k[2 * p] + 8 * b, k[2 * p + 1] + 8 * b);
+    KVSIFT_UNROLL
+    for (int g = 0; g < GC; ++g) {
+      const __m512 qv = _mm512_loadu_ps(q2 + (static_cast<std::size_t>(g) * blocks + b) * 16);
+      KVSIFT_UNROLL
+      for (int p = 0; p < P; ++p) {
+        acc[p][g] = _mm512_maskz_add_round_ps(
+            kAll, acc[p][g], _mm512_maskz_mul_round_ps(kAll, qv, kv[p], kRN), kRN);
+      }
+    }
+  }
+  KVSIFT_UNROLL
+  for (int p = 0; p < P; ++p) {
+    KVSIFT_UNROLL
+    for (int g = 0; g < GC; ++g) {
+      alignas(64) float s[16];
+      _mm512_store_ps(s, combine8x2(acc[p][g]));
+      const float* qg = q + static_cast<std::size_t>(g) * d;
+      KVSIFT_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const T* kr = k[2 * p + h];
+        // the tail in dot's order, by rounding intrinsics too: this function may use FMA, and
+        // a plain `tail += q * k` here would be contracted into one
+        __m128 tail = _mm_setzero_ps();
+        for (int c = blocks * 8; c < d; ++c) {
+          const __m128 prod =
+              _mm_mul_round_ss(_mm_set_ss(qg[c]), _mm_set_ss(to_float(kr[c])), kRN);
+          tail = _mm_add_round_ss(tail, prod, kRN);
+        }
+        out[static_cast<std::size_t>(g) * ld + 2 * p + h] = s[8 * h] + _mm_cvtss_f32(tail);
+      }
+    }
+  }
+}
+
+}  // namespace exact512
 #endif
 
 }  // namespace detail
@@ -70,6 +159,63 @@ void group_dots(const float* q, int G, const T* k, int d, float* out,
 #endif
   (void)level;
   for (int g = 0; g < G; ++g) out[g] = dot(q + static_cast<std::size_t>(g) * d, k, d);
+}
+
+// out[g * ld + j] = kvsift::dot(q + g * d, key(j), d) for g < G and j < m, bit for bit, each key
+// row read once per group of up to four heads; key(j) is a pointer to row j's d elements. With
+// AVX-512, rows go two to a register (four at a time); otherwise group_dots per row.
+template <Element T, class KeyAt>
+void group_dots_rows(const float* q, int G, int d, std::size_t m, KeyAt&& key, float* out,
+                     std::size_t ld, simd level = active_simd()) {
+#if KVSIFT_HAVE_X86_SIMD_PATH
+  if (level >= simd::avx512 && d >= 8) {
+    const int blocks = d / 8;
+    thread_local std::vector<float> q2;  // each head's 8-channel blocks twice: [G, d / 8, 16]
+    q2.resize(static_cast<std::size_t>(G) * blocks * 16);
+    for (int g = 0; g < G; ++g) {
+      for (int b = 0; b < blocks; ++b) {
+        const float* src = q + static_cast<std::size_t>(g) * d + 8 * b;
+        float* dst = q2.data() + (static_cast<std::size_t>(g) * blocks + b) * 16;
+        std::copy(src, src + 8, dst);
+        std::copy(src, src + 8, dst + 8);
+      }
+    }
+    for (int g0 = 0; g0 < G; g0 += 4) {
+      const float* qg = q + static_cast<std::size_t>(g0) * d;
+      const float* q2g = q2.data() + static_cast<std::size_t>(g0) * blocks * 16;
+      float* og = out + static_cast<std::size_t>(g0) * ld;
+      detail::with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
+        std::size_t j = 0;
+        for (; j + 4 <= m; j += 4) {
+          const T* k[4] = {static_cast<const T*>(key(j)), static_cast<const T*>(key(j + 1)),
+                           static_cast<const T*>(key(j + 2)), static_cast<const T*>(key(j + 3))};
+          detail::exact512::dots_block<GC, 2, T>(qg, q2g, d, k, og + j, ld);
+        }
+        for (; j < m; j += 2) {  // the last one or two rows (a lone row is paired with itself)
+          const T* k[2] = {static_cast<const T*>(key(j)),
+                           static_cast<const T*>(key(j + 1 < m ? j + 1 : j))};
+          float pair[GC * 2];
+          detail::exact512::dots_block<GC, 1, T>(qg, q2g, d, k, pair, 2);
+          KVSIFT_UNROLL
+          for (int g = 0; g < GC; ++g) {
+            og[static_cast<std::size_t>(g) * ld + j] = pair[2 * g];
+            if (j + 1 < m) og[static_cast<std::size_t>(g) * ld + j + 1] = pair[2 * g + 1];
+          }
+        }
+      });
+    }
+    return;
+  }
+#endif
+  float dots[64];
+  for (int g0 = 0; g0 < G; g0 += 64) {  // a group of at most 64 heads at a time
+    const int gc = std::min(64, G - g0);
+    for (std::size_t j = 0; j < m; ++j) {
+      group_dots(q + static_cast<std::size_t>(g0) * d, gc, static_cast<const T*>(key(j)), d, dots,
+                 level);
+      for (int g = 0; g < gc; ++g) out[static_cast<std::size_t>(g0 + g) * ld + j] = dots[g];
+    }
+  }
 }
 
 }  // namespace kvsift::cpu

@@ -57,14 +57,28 @@ struct cumulative_attention {
       const auto seq = in.sequence(static_cast<int>(s));
       const auto& q = in.queries[r];
       const int n = in.store->length(seq);
+      const int d = sh.head_dim;
+      using T = typename Store::element_type;
+      std::vector<const T*> keys(static_cast<std::size_t>(n));  // row addresses, looked up once
+      for (int j = 0; j < n; ++j) keys[j] = in.store->key(seq, j);
       std::vector<float> rows(static_cast<std::size_t>(G) * n, 0.0f);
-      std::vector<float> probs(static_cast<std::size_t>(n));
-      for (int g = 0; g < G; ++g) {
-        float* row = rows.data() + static_cast<std::size_t>(g) * n;
-        for (int i = 0; i < q.tokens; ++i) {
-          const int v = cpu::attention_row(*in.store, seq, q.row(i, h * G + g),
-                                           in.query_position[r] + i, probs);
-          for (int j = 0; j < v; ++j) row[j] += probs[j];
+      std::vector<float> probs(static_cast<std::size_t>(G) * n);
+      std::vector<float> qg(static_cast<std::size_t>(G) * d);
+      // query i's G heads over the keys it sees (each key row read once for the group), added in
+      // query order: per (head, slot) the same sums as one head at a time (attention_row's bits)
+      for (int i = 0; i < q.tokens; ++i) {
+        for (int g = 0; g < G; ++g) {
+          const float* src = q.row(i, h * G + g);
+          std::copy(src, src + d, qg.begin() + static_cast<std::ptrdiff_t>(g) * d);
+        }
+        const int v = cpu::visible_slots(*in.store, seq, in.query_position[r] + i);
+        const auto sv = static_cast<std::size_t>(v);
+        cpu::attention_rows_at<T>([&](std::size_t j) { return keys[j]; }, sv, d, qg.data(), G,
+                                  std::span<float>(probs).first(G * sv));
+        for (int g = 0; g < G; ++g) {
+          float* row = rows.data() + static_cast<std::size_t>(g) * n;
+          const float* pg = probs.data() + static_cast<std::size_t>(g) * sv;
+          for (std::size_t j = 0; j < sv; ++j) row[j] += pg[j];
         }
       }
       cpu::reduce_group(rows, G, out[static_cast<int>(s)], p.gqa);

@@ -323,20 +323,24 @@ class schedule::evict::state : public detail::one_tier<Store> {
     auto& store = m.store();
     auto& parts = m.parts();
     const auto& sh = store.shape();
-    std::vector<int> firing;
-    std::vector<int> firing_budgets;
+    // the round's lists in members, reused: a decode round allocates nothing once warm
+    auto& firing = round_.firing;
+    auto& firing_budgets = round_.budgets;
     detail::evict_firing(m, layer, requests, event, steps_,
                          [&](std::int64_t seq) { return frozen_[seq]; }, lengths_, budgets_, firing,
                          firing_budgets);
     if (firing.empty()) return;
 
-    std::vector<kv_view<const float, nhd>> qs;
-    std::vector<std::int32_t> qpos;
+    auto& qs = round_.queries;
+    auto& qpos = round_.query_position;
+    qs.clear();
+    qpos.clear();
     for (const int r : firing) {
       qs.push_back(m.history().view(m.slot(r, layer)));
       qpos.push_back(m.history().first(m.slot(r, layer)));
     }
-    std::vector<int> frozen;  // [firing * kv_heads] final prefix of each head-sequence
+    auto& frozen = round_.frozen;  // [firing * kv_heads] final prefix of each head-sequence
+    frozen.clear();
     for (const int r : firing) {
       for (int h = 0; h < sh.kv_heads; ++h) frozen.push_back(frozen_[sh.sequence(r, layer, h)]);
     }
@@ -355,8 +359,9 @@ class schedule::evict::state : public detail::one_tier<Store> {
       ++refreshes_;
     }
     layer_budgets_[layer] = firing_budgets.empty() ? -1 : firing_budgets.front();
+    index_sets& per_request = round_.kept;
     for (std::size_t i = 0; i < firing.size(); ++i) {
-      index_sets per_request;
+      per_request.clear();
       bool shrinks = false;
       for (int h = 0; h < sh.kv_heads; ++h) {
         const int s = static_cast<int>(i) * sh.kv_heads + h;
@@ -386,6 +391,12 @@ class schedule::evict::state : public detail::one_tier<Store> {
   index_sets kept_;
   std::vector<budget_revision> revisions_;  // a progressive budgeter's orders after a round
   std::vector<int> batch_, lengths_;        // scratch: after_attention's batch, a round's lengths
+  struct {
+    std::vector<int> firing, budgets, frozen;
+    std::vector<kv_view<const float, nhd>> queries;
+    std::vector<std::int32_t> query_position;
+    index_sets kept;  // one request's kept sets, handed to retain
+  } round_;  // scratch of compress(): the firing requests, their budgets, queries and kept sets
   mutable attention::plan_weights weights_;  // the pending step's attention (attention_weights)
 };
 
