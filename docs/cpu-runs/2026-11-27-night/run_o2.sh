@@ -5,7 +5,7 @@
 #   bash docs/cpu-runs/2026-11-27-night/run_o2.sh [include dir, default include]
 set -euo pipefail
 inc="${1:-include}"
-src="$(dirname "$0")/attend_group_at.cpp"
+src="$(dirname "$0")/attend_group.cpp"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 g++ -std=gnu++20 -O2 -fopenmp -I"$inc" "$src" -o "$tmp/gcc_o2"
