@@ -29,18 +29,6 @@ inline void topk_of(std::span<const float> scores, std::span<const std::int32_t>
     return;
   }
   const std::size_t drop = n - keep;
-  if (drop == 1) {  // one dropped (a sliding window's step): the worst, in one pass
-    std::int32_t worst = candidates[0];
-    for (const std::int32_t c : candidates) {
-      if (better(worst, c)) worst = c;
-    }
-    out.clear();
-    out.reserve(keep);
-    for (const std::int32_t c : candidates) {
-      if (c != worst) out.push_back(c);
-    }
-    return;
-  }
   if (drop < keep) {
     thread_local std::vector<std::int32_t> dropped;  // scratch, reused across calls
     dropped.assign(candidates.begin(), candidates.end());

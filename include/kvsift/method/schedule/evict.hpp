@@ -323,7 +323,7 @@ class schedule::evict::state : public detail::one_tier<Store> {
     auto& store = m.store();
     auto& parts = m.parts();
     const auto& sh = store.shape();
-    // the round's lists in members, reused: a decode round allocates nothing once warm
+    // the round's own lists live in round_, reused from round to round
     auto& firing = round_.firing;
     auto& firing_budgets = round_.budgets;
     detail::evict_firing(m, layer, requests, event, steps_,
