@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cmath>
 #include <cstddef>
+#include <limits>
+#include <span>
 #include <random>
 #include <string>
 #include <vector>
@@ -385,6 +387,40 @@ TEMPLATE_TEST_CASE("group_dots and attention_rows_over equal dot and attention_r
       for (std::size_t i = 0; i < slots.size(); ++i) {
         REQUIRE(std::bit_cast<std::uint32_t>(rows[g * slots.size() + i]) ==
                 std::bit_cast<std::uint32_t>(one[i]));
+      }
+    }
+  }
+}
+
+TEST_CASE("softmax_rows equals softmax on every row, bit for bit", "[decode_attention]") {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int rows : {1, 2, 3, 4, 5, 8, 9}) {
+    for (const std::size_t m : {0u, 1u, 2u, 7u, 8u, 9u, 16u, 17u, 40u, 257u}) {
+      for (int rep = 0; rep < 6; ++rep) {
+        const std::size_t ld = m + 2;  // columns past m stay as they are
+        std::vector<float> x(static_cast<std::size_t>(rows) * ld);
+        for (float& v : x) v = nd(rng);
+        for (int r = 0; r < rows && m > 0; ++r) {
+          float* row = x.data() + r * ld;
+          switch ((rep + r) % 6) {
+            case 1: row[m - 1] = row[0] = 30.0f; break;   // a tied maximum, first and last
+            case 2: row[0] = -0.0f; for (std::size_t j = 1; j < m; ++j) row[j] = j % 2 ? 0.0f : -0.0f; break;
+            case 3: row[m / 2] = -inf; break;             // a masked-out key
+            case 4: row[m - 1] = nan; break;              // a NaN after the first element
+            case 5: row[0] = nan; break;                  // a NaN first: std::max_element keeps it
+            default: break;
+          }
+        }
+        std::vector<float> got = x, want = x;
+        cpu::softmax_rows(got.data(), rows, m, ld);
+        for (int r = 0; r < rows; ++r) cpu::softmax(std::span<float>(want.data() + r * ld, m));
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          CAPTURE(rows, m, rep, i);
+          REQUIRE(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want[i]));
+        }
       }
     }
   }

@@ -65,7 +65,7 @@ void attention_rows_at(KeyAt&& key, std::size_t m, int d, const float* q, int G,
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   group_dots_rows<T>(q, G, d, m, key, probs.data(), m);
   for (float& x : probs.first(static_cast<std::size_t>(G) * m)) x *= scale;
-  for (int g = 0; g < G; ++g) softmax(probs.subspan(static_cast<std::size_t>(g) * m, m));
+  softmax_rows(probs.data(), G, m, m);
 }
 
 // The rows of G query heads (q [G, d]) over the same slot list: probs[g * m + i] equals
