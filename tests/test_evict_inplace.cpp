@@ -487,3 +487,90 @@ TEMPLATE_TEST_CASE("stores: the waiting hole across appends, retains and reset",
   check({0, 1, 2, 3, 5, 6}, 6);
   REQUIRE(s.rows_in_slot_order(sh.sequence(0, 0, 0)));
 }
+
+// A sliding window's steps on page sizes that split the row map at every place (1, 3: not a
+// power of two, 4, 16) and on a dense store: every retain that releases one token (the waiting
+// hole, the row map shifted run by run) or a few, against a list of the resident positions; the
+// recency scorer's positions_prefix equals position() slot by slot.
+TEMPLATE_TEST_CASE("stores: one-token releases on every page size keep slots, rows and positions",
+                   "[evict][inplace][store]", kvsift::store::dense<float>,
+                   kvsift::store::paged<float>) {
+  using S = TestType;
+  constexpr model_shape sh{.layers = 1, .q_heads = 1, .kv_heads = 1, .head_dim = 4};
+  for (const int page : {1, 3, 4, 16}) {
+    if (std::is_same_v<S, kvsift::store::dense<float>> && page != 1) continue;
+    auto s = [&] {
+      if constexpr (std::is_same_v<S, kvsift::store::dense<float>>) {
+        return S(sh, 1, 200);
+      } else {
+        return S(sh, 1, page, (200 + page - 1) / page + 1);
+      }
+    }();
+    std::mt19937 rng(static_cast<unsigned>(page));
+    std::vector<std::int32_t> resident;  // the model: positions in slot order
+    const auto append = [&](int count) {
+      const int first = s.next_position(0, 0);
+      std::vector<float> kv(static_cast<std::size_t>(count) * 4);
+      for (int t = 0; t < count; ++t) {
+        for (int c = 0; c < 4; ++c) kv[t * 4 + c] = static_cast<float>(first + t);
+        resident.push_back(first + t);
+      }
+      using view = kvsift::kv_view<const float, kvsift::nhd>;
+      const auto k = view::contiguous(kv.data(), count, 1, 4);
+      s.append(0, 0, k, k, first);
+    };
+    append(40);
+    for (int step = 0; step < 300; ++step) {
+      CAPTURE(page, step);
+      const int n = static_cast<int>(resident.size());
+      std::vector<std::int32_t> keep;
+      const int drops = step % 17 == 0 ? 3 : 1;  // mostly one (the hole), now and then a few
+      std::vector<int> gone;
+      for (int i = 0; i < drops; ++i) gone.push_back(static_cast<int>(rng() % static_cast<unsigned>(n)));
+      for (int i = 0; i < n; ++i) {
+        if (std::find(gone.begin(), gone.end(), i) == gone.end()) keep.push_back(i);
+      }
+      kvsift::index_sets kept;
+      kept.push_back(keep);
+      s.retain(0, 0, kept);
+      std::vector<std::int32_t> next;
+      for (const int i : keep) next.push_back(resident[i]);
+      resident = next;
+      append(1 + static_cast<int>(rng() % 2) * (step % 5 == 0 ? 1 : 0));
+      if (static_cast<int>(resident.size()) > 150) {  // stay within the capacity
+        kvsift::index_sets half;
+        std::vector<std::int32_t> h;
+        for (int i = 60; i < static_cast<int>(resident.size()); ++i) h.push_back(i);
+        half.push_back(h);
+        s.retain(0, 0, half);
+        resident.erase(resident.begin(), resident.begin() + 60);
+      }
+      const auto seq = sh.sequence(0, 0, 0);
+      REQUIRE(s.length(seq) == static_cast<int>(resident.size()));
+      std::vector<float> prefix(resident.size());
+      s.positions_prefix(seq, static_cast<int>(resident.size()), prefix.data());
+      std::vector<int> seen(static_cast<std::size_t>(s.row_extent(seq)), 0);
+      for (std::size_t i = 0; i < resident.size(); ++i) {
+        REQUIRE(s.position(seq, static_cast<int>(i)) == resident[i]);
+        REQUIRE(prefix[i] == static_cast<float>(resident[i]));
+        REQUIRE(s.key(seq, static_cast<int>(i))[0] == static_cast<float>(resident[i]));
+        REQUIRE(s.value(seq, static_cast<int>(i))[3] == static_cast<float>(resident[i]));
+        REQUIRE(seen[s.row(seq, static_cast<int>(i))]++ == 0);
+      }
+      // the attention's address table: every slot (consecutive), a tail, and every other slot
+      const int len = s.length(seq);
+      for (const int from : {0, len / 3}) {
+        for (const int stride : {1, 2}) {
+          std::vector<std::int32_t> slots;
+          for (int i = from; i < len; i += stride) slots.push_back(i);
+          std::vector<const float*> keys(slots.size()), values(slots.size());
+          s.row_addresses(seq, slots, keys.data(), values.data());
+          for (std::size_t i = 0; i < slots.size(); ++i) {
+            REQUIRE(keys[i] == s.key(seq, slots[i]));
+            REQUIRE(values[i] == s.value(seq, slots[i]));
+          }
+        }
+      }
+    }
+  }
+}

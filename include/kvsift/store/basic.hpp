@@ -4,7 +4,8 @@
 // What every CPU store shares: validation, append, retain (in-place compaction) and gather,
 // written once over the derived store's row addressing (CRTP). A derived store provides
 //   T* key_slot(seq, row), T* value_slot(seq, row), std::int32_t* position_slot(seq, row),
-//   std::int32_t* row_slot(seq, i), bool can_grow(seq, new_length) const,
+//   std::int32_t* row_slot(seq, i), int adjacent_slots(seq, i) (how many slots from i on have
+//   adjacent position and row-map entries: to the end of i's page), bool can_grow(seq, new_length) const,
 //   void grow(seq, new_length), void shrink(seq, new_length).
 //
 // Slots and rows. A head-sequence of n resident tokens occupies the physical rows [0, n) of its
@@ -71,14 +72,34 @@ class basic_store {
   }
   // key(seq, slots[i]) and value(seq, slots[i]) for every i, for kernels that read many rows (the
   // decode attention's address table): inline, one index computation per row when rows are in
-  // slot order and two (the row map's, the row's) when not, where key() and value() each repeat
-  // them (out of order through an out-of-line call). Slots must be resident (unchecked).
+  // slot order and two (the row map's, the row's) when not — the row map's once per page when the
+  // slots are consecutive — where key() and value() each repeat them (out of order through an
+  // out-of-line call). Slots must be resident (unchecked).
   void row_addresses(std::int64_t seq, std::span<const std::int32_t> slots, const T** keys,
                      const T** values) const {
     const Derived& d = self();
     const std::size_t dim = static_cast<std::size_t>(shape_.head_dim);
     const bool ordered = ordered_[seq] != 0;
-    for (std::size_t i = 0; i < slots.size(); ++i) {
+    const std::size_t m = slots.size();
+    // consecutive slots (a whole-cache plan: StreamingLLM's, H2O's) out of row order: the row
+    // map read run by run of adjacent entries (a page's), not through a page lookup per slot
+    bool consecutive = !ordered && m > 0;
+    for (std::size_t i = 1; consecutive && i < m; ++i) consecutive = slots[i] == slots[i - 1] + 1;
+    if (consecutive) {
+      for (std::size_t i = 0; i < m;) {
+        const int slot = slots[i];
+        const auto run = std::min(static_cast<std::size_t>(d.adjacent_slots(seq, slot)), m - i);
+        const std::int32_t* rows = d.row_slot(seq, slot);
+        for (std::size_t j = 0; j < run; ++j) {
+          const auto f = static_cast<std::size_t>(d.flat(seq, rows[j]));
+          keys[i + j] = d.keys_ + f * dim;
+          values[i + j] = d.values_ + f * dim;
+        }
+        i += run;
+      }
+      return;
+    }
+    for (std::size_t i = 0; i < m; ++i) {
       const int r = ordered ? slots[i] : d.rows_[static_cast<std::size_t>(d.flat(seq, slots[i]))];
       const auto f = static_cast<std::size_t>(d.flat(seq, r));
       keys[i] = d.keys_ + f * dim;
@@ -92,7 +113,20 @@ class basic_store {
   }
   template <class V>
   void positions_prefix(std::int64_t seq, int n, V* out) const {
-    gather_positions(seq, static_cast<std::size_t>(n), [](std::size_t i) { return static_cast<int>(i); }, out);
+    const Derived& d = self();
+    const bool ordered = ordered_[seq] != 0;
+    // run by run of slots whose entries are adjacent (a page's): one address per run, not per slot
+    for (int i = 0; i < n;) {
+      const int run = std::min(d.adjacent_slots(seq, i), n - i);
+      if (ordered) {
+        const std::int32_t* pos = d.position_slot(seq, i);
+        for (int j = 0; j < run; ++j) out[i + j] = static_cast<V>(pos[j]);
+      } else {
+        const std::int32_t* rows = d.row_slot(seq, i);
+        for (int j = 0; j < run; ++j) out[i + j] = static_cast<V>(*d.position_slot(seq, rows[j]));
+      }
+      i += run;
+    }
   }
   // Writable key row, for in-place key transforms such as RoPE re-rotation (core/rope.hpp).
   [[nodiscard]] T* mutable_key(std::int64_t seq, int slot) {
@@ -340,15 +374,23 @@ class basic_store {
     while (k < m && slots[k] == k) ++k;
     hole_[seq] = row(seq, k);
     if (ordered_[seq] && k < m) {
-      for (int i = 0; i < m; ++i) *self().row_slot(seq, i) = i < k ? i : i + 1;
+      for (int i = 0; i < m;) {  // run by run of adjacent entries (a page's)
+        const int run = std::min(self().adjacent_slots(seq, i), m - i);
+        std::int32_t* entry = self().row_slot(seq, i);
+        for (int j = 0; j < run; ++j) entry[j] = i + j < k ? i + j : i + j + 1;
+        i += run;
+      }
       ordered_[seq] = 0;
     } else if (!ordered_[seq]) {
-      // ascending: entry i + 1 is read before it is overwritten (one address per entry)
-      std::int32_t* to = self().row_slot(seq, k);
-      for (int i = k; i < m; ++i) {
-        std::int32_t* from = self().row_slot(seq, i + 1);
-        *to = *from;
-        to = from;
+      // entries k .. m - 1 take entries k + 1 .. m, run by run of adjacent entries (a page's):
+      // within a run one memmove, and its last entry the next run's first (read before that run
+      // is touched; entry m, the released slot's old last, is still in the store's memory)
+      for (int i = k; i < m;) {
+        const int run = std::min(self().adjacent_slots(seq, i), m - i);
+        std::int32_t* entry = self().row_slot(seq, i);
+        std::memmove(entry, entry + 1, static_cast<std::size_t>(run - 1) * sizeof(std::int32_t));
+        entry[run - 1] = *self().row_slot(seq, i + run);
+        i += run;
       }
     }
     length_[seq] = m;

@@ -81,6 +81,8 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
   [[nodiscard]] std::int32_t* row_slot(std::int64_t seq, int slot) const {
     return const_cast<std::int32_t*>(rows_.data()) + seq * capacity_ + slot;
   }
+  // Slots from `slot` on whose entries are adjacent: the rest of the head-sequence's capacity.
+  [[nodiscard]] int adjacent_slots(std::int64_t, int slot) const { return capacity_ - slot; }
   [[nodiscard]] bool can_grow(std::int64_t, int new_length) const { return new_length <= capacity_; }
   void grow(std::int64_t, int) {}
   void shrink(std::int64_t, int) {}

@@ -123,6 +123,10 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
     return static_cast<std::int64_t>(pl[static_cast<std::size_t>(slot / page_size_)]) * page_size_ +
            slot % page_size_;
   }
+  // Slots from `slot` on whose entries are adjacent: the rest of slot's page.
+  [[nodiscard]] int adjacent_slots(std::int64_t, int slot) const {
+    return page_shift_ >= 0 ? page_size_ - (slot & (page_size_ - 1)) : page_size_ - slot % page_size_;
+  }
   [[nodiscard]] T* key_slot(std::int64_t seq, int slot) const {
     return keys_ + flat(seq, slot) * this->shape_.head_dim;
   }
