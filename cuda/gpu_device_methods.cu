@@ -13,10 +13,9 @@
 // fixed-shape steps on exec::sim (tests/thrust/test_device_methods.cpp and its siblings).
 //
 // Compiled by nvcc for sm_80 and sm_90 in CI (it is the instantiation check of the device path
-// under Thrust's CUDA system: every method, f32 and bf16); skips without a device. Not here yet
-// (issue "GPU: the cuda policy on an H100"): capturing a decode step into a CUDA graph — the
-// step's descriptors are uploaded from pageable host memory, which a stream capture does not
-// accept (exec::cuda's file comment).
+// under Thrust's CUDA system: every method, f32 and bf16); skips without a device. Ran on an H100
+// on 2026-11-28 (docs/gpu-runs/2026-11-28/): passed, memcheck, initcheck and synccheck clean. A
+// whole step captured into a CUDA graph: cuda/gpu_capture_probe.cu.
 
 #include <kvsift/cuda/exec.cuh>
 #include <kvsift/device/deferred_recall.hpp>
@@ -59,7 +58,7 @@ bool gpu_present() {
 
 constexpr kvsift::model_shape shape{2, 8, 2, 32};  // layers, q heads, KV heads, head dim
 constexpr int requests = 3;
-constexpr int capacity = 96;
+constexpr int capacity = 128;
 
 template <class T>
 std::vector<T> random_array(std::mt19937& rng, std::size_t n) {
@@ -112,15 +111,18 @@ void run_pair(HostStore& hs, DevStore& ds, const E& e, const E& engine,
                         0, true});
     }
   };
-  for (int r = 0; r < requests; ++r) prefill(r, 24 + static_cast<int>(rng() % 17));
+  for (int r = 0; r < requests; ++r) prefill(r, 50 + static_cast<int>(rng() % 40));
 
   kvsift::thrust::buffer<float, E> out_d(engine, static_cast<std::size_t>(requests) * Q * d);
   std::vector<float> out_h(out_d.size()), out_dh(out_d.size());
+  // a step of B < requests writes B rows; the whole buffer is read back, so it starts defined
+  // (compute-sanitizer's initcheck reported the unwritten rows' read-back)
+  kvsift::thrust::copy_to_device(engine, std::span<const float>(out_h), out_d);
   for (int step = 0; step < 12; ++step) {
     if (step == 5) {  // continuous batching: request 1 ends, a new prompt takes its slot
       hm.reset(1);
       dm.reset(1);
-      prefill(1, 20 + static_cast<int>(rng() % 10));
+      prefill(1, 50 + static_cast<int>(rng() % 30));
     }
     std::vector<int> batch(requests);
     std::iota(batch.begin(), batch.end(), 0);
@@ -165,7 +167,7 @@ void run_pair(HostStore& hs, DevStore& ds, const E& e, const E& engine,
 template <class T>
 void one_tier_all(const E& e, const E& engine) {
   kvsift::method_config c;
-  c.budget = 16;
+  c.budget = 40;  // SnapKV's and PyramidKV's paper window (32) must fit in the budget
   c.options["sink"] = 4;
   c.options["lag"] = 8;
   for (const auto& name : kvsift::method_names()) {

@@ -106,6 +106,25 @@ TEST_CASE("segmented_topk validates its counts before touching the device", "[cu
   CHECK_THROWS_AS(kc::make_segmented_topk_plan(-1, 1, 0), kvsift::error);
   CHECK_THROWS_AS(kc::make_segmented_topk_plan(4, 1, 5), kvsift::error);
   CHECK_THROWS_AS(kc::streamed_recall<float>(kc::recall_shape{32, 2, 64, 0}), kvsift::error);
+  // the split path: chosen for a few long segments, forced or refused by `chunks`
+  const auto few_long = kc::make_segmented_topk_plan(131072 * 32, 32, 13107 * 32);
+  CHECK(few_long.chunks == 16);
+  CHECK(few_long.workspace_bytes >= 32 * (16 * 8 + 256 * 4 + 8));
+  const auto many = kc::make_segmented_topk_plan(32768 * 256, 256, 3276 * 256);
+  CHECK(many.chunks == 1);
+  CHECK(many.workspace_bytes == 0);
+  CHECK(kc::make_segmented_topk_plan(1000, 4, 10).chunks == 1);
+  CHECK(kc::make_segmented_topk_plan(1000, 4, 10, 5).chunks == 5);
+  CHECK(kc::make_segmented_topk_plan(1 << 20, 2, 10, 1).chunks == 1);
+  CHECK(kc::make_segmented_topk_plan(1 << 20, 2, 10, 1).workspace_bytes == 0);
+  CHECK_THROWS_AS(kc::make_segmented_topk_plan(1000, 4, 10, 65), kvsift::error);
+  CHECK_THROWS_AS(kc::make_segmented_topk_plan(100000, 128, 10, 2), kvsift::error);
+  CHECK_THROWS_AS(kc::make_segmented_topk_plan(1000, 4, 10, -1), kvsift::error);
+  // a split plan refuses a workspace smaller than it asks for, before any launch
+  const auto split = kc::make_segmented_topk_plan(1000, 4, 10, 5);
+  CHECK_THROWS_AS(kc::segmented_topk(kc::par{}, split, nullptr, split.workspace_bytes - 1,
+                                     static_cast<const float*>(nullptr), nullptr, nullptr, nullptr),
+                  kvsift::error);
 }
 
 // Issue 19: device entry points validate what the host can see, before any launch (no device
@@ -172,10 +191,14 @@ TEST_CASE("segmented_topk matches the CPU reference, ties and NaN included", "[c
   const unsigned seed = GENERATE(1u, 2u, 3u);
   const int segments = GENERATE(1, 7, 300);
   const int levels = GENERATE(3, 1000000);  // few levels: many ties
-  // segments up to 70000 scores: with 1 segment the average passes detail::topk_long_segment
-  // and the 1024-thread kernel runs (several long segments: the next test)
+  // segments up to 70000 scores: with 1 segment the average can pass detail::topk_long_segment,
+  // where the plan splits the segment (chunks 0) or the 1024-thread kernel runs (chunks 1)
   const int longest = GENERATE(5000, 70000);
-  CAPTURE(seed, segments, levels, longest);
+  // 0: the plan chooses; 1: one block per segment; 5 and 64: the split path forced (fewer than
+  // 128 segments only; 64 slices of short segments leave most slices empty)
+  const int asked = GENERATE(0, 1, 5, 64);
+  const int chunks = segments < kc::detail::topk_split_max_segments ? asked : 0;
+  CAPTURE(seed, segments, levels, longest, chunks);
   std::mt19937 rng(seed);
   std::vector<i32> sizes(segments), kept(segments);
   for (int s = 0; s < segments; ++s) {
@@ -195,23 +218,36 @@ TEST_CASE("segmented_topk matches the CPU reference, ties and NaN included", "[c
   for (std::size_t i = 5; i < scores.size(); i += 89) {
     scores[i] = (i % 2) ? -0.0f : std::numeric_limits<float>::infinity();
   }
-  const auto plan = kc::make_segmented_topk_plan(off.back(), segments, out_off.back());
+  const auto plan = kc::make_segmented_topk_plan(off.back(), segments, out_off.back(), chunks);
+  if (chunks > 0) {
+    CHECK(plan.chunks == chunks);
+  }
   kc::device_buffer<std::byte> ws(plan.workspace_bytes);
+  if (ws.size() > 0) {  // garbage in the workspace: the call initialises what it uses
+    kc::check(cudaMemset(ws.data(), 0xab, ws.size()), "test");
+  }
   auto d_scores = upload(scores);
   auto d_off = upload(off);
   auto d_out_off = upload(out_off);
   kc::device_buffer<i32> d_out(out_off.back());
   kc::stream st;
-  kc::segmented_topk(kc::par{st.get()}, plan, ws.data(), ws.size(), d_scores.data(),
-                     d_off.data(), d_out_off.data(), d_out.data());
-  st.synchronize();
-  CHECK(download(d_out) == topk_reference(scores, off, out_off));
+  const auto expected = topk_reference(scores, off, out_off);
+  for (int launch = 0; launch < 2; ++launch) {  // the second launch reuses the workspace
+    kc::check(cudaMemset(d_out.data(), 0xff, d_out.size() * sizeof(i32)), "test");
+    kc::segmented_topk(kc::par{st.get()}, plan, ws.data(), ws.size(), d_scores.data(),
+                       d_off.data(), d_out_off.data(), d_out.data());
+    st.synchronize();
+    CHECK(download(d_out) == expected);
+  }
 }
 
-TEST_CASE("segmented_topk's 1024-thread kernel: several long segments, one empty, ties",
+TEST_CASE("segmented_topk's 1024-thread kernel and split path: several long segments, one "
+          "empty, ties",
           "[cuda][topk]") {
   KVSIFT_REQUIRE_GPU();
   const unsigned seed = GENERATE(4u, 5u);
+  const int asked = GENERATE(0, 1);  // the plan's choice (the split path), one block a segment
+  CAPTURE(seed, asked);
   std::mt19937 rng(seed);
   const std::vector<i32> sizes{50000, 0, 40000, 30001, 17};  // average >= topk_long_segment
   std::vector<i32> kept;
@@ -225,12 +261,14 @@ TEST_CASE("segmented_topk's 1024-thread kernel: several long segments, one empty
   for (std::size_t i = 3; i < scores.size(); i += 101) {
     scores[i] = std::numeric_limits<float>::quiet_NaN();
   }
-  const auto plan = kc::make_segmented_topk_plan(off.back(), sizes.size(), out_off.back());
+  const auto plan = kc::make_segmented_topk_plan(off.back(), sizes.size(), out_off.back(), asked);
+  CHECK(plan.chunks == (asked == 1 ? 1 : 3));  // 5 segments averaging 24003 scores: 3 slices
+  kc::device_buffer<std::byte> ws(plan.workspace_bytes);
   auto d_scores = upload(scores);
   auto d_off = upload(off);
   auto d_out_off = upload(out_off);
   kc::device_buffer<i32> d_out(std::max(out_off.back(), 1));
-  kc::segmented_topk(kc::par{}, plan, nullptr, 0, d_scores.data(), d_off.data(),
+  kc::segmented_topk(kc::par{}, plan, ws.data(), ws.size(), d_scores.data(), d_off.data(),
                      d_out_off.data(), d_out.data());
   kc::check(cudaDeviceSynchronize(), "test");
   auto got = download(d_out);

@@ -47,7 +47,8 @@
   KVSIFT_INSTANTIATE_VIEW(T, kvsift::cuda::dense_kv)                                            \
   KVSIFT_INSTANTIATE_VIEW(T, kvsift::cuda::paged_kv)                                            \
   KVSIFT_INSTANTIATE_EXTERN template kvsift::cuda::segmented_topk_plan                        \
-  kvsift::cuda::make_segmented_topk_plan<T>(std::int64_t, std::int64_t, std::int64_t);         \
+  kvsift::cuda::make_segmented_topk_plan<T>(std::int64_t, std::int64_t, std::int64_t,           \
+                                              std::int64_t);                                    \
   KVSIFT_INSTANTIATE_EXTERN template void kvsift::cuda::segmented_topk<T>(                      \
       kvsift::cuda::par, const kvsift::cuda::segmented_topk_plan&, void*, std::size_t, const T*, \
       const std::int32_t*, const std::int32_t*, std::int32_t*);                                 \

@@ -18,11 +18,15 @@
 // of the stream (the host reads the result next). Both are counted by the arena, so the capture
 // laws proven on exec::sim (0 allocations, 0 D2H reads per step) are the same counters here.
 //
-// What this exec does not do yet (issue "GPU: the cuda policy on an H100"): the step's
-// descriptors are uploaded from pageable host memory, which a stream capture does not accept,
-// so a whole decode step is not yet captured into a CUDA graph (a pinned descriptor ring is
-// needed); the tiered store's host pool lives in the arena (device memory), not in pinned,
-// mapped host memory; the recall runs on the compute stream, not a copy stream with events.
+// Capture: with h2d through pinned memory instead of pageable (the exec in
+// cuda/gpu_capture_probe.cu), every method's whole decode step captures into a CUDA graph in
+// global mode (no allocation, no synchronisation inside it) and the launched graph equals the
+// host: all eleven, 64 steps each, on an H100 (2026-11-28). What this exec does not do yet
+// (issue "GPU: the cuda policy on an H100"): replay one captured graph with each next step's data
+// (the step's descriptors would have to be written by the host into fixed pinned buffers before
+// each replay, and the host planning part and the device part of a step are one call); the
+// tiered store's host pool lives in the arena (device memory), not in pinned, mapped host memory;
+// the recall runs on the compute stream, not a copy stream with events.
 // Compiled by nvcc only (it includes the CUDA runtime and Thrust's CUDA system).
 
 #include <kvsift/core/memory_space.hpp>
@@ -70,8 +74,14 @@ struct cuda {
   static kvsift::thrust::memory_backing backing() { return kvsift::thrust::cuda_device_backing(); }
   [[nodiscard]] kvsift::thrust::device_arena& arena() const { return *arena_; }
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
-  // Thrust's CUDA par with the arena's allocator, on the stream.
-  [[nodiscard]] auto policy() const { return ::thrust::cuda::par(arena_->allocator()).on(stream_); }
+  // Thrust's CUDA par_nosync with the arena's allocator, on the stream: no algorithm
+  // synchronises the stream unless it returns a value to the host (a stream capture would
+  // refuse the synchronisation `par` makes after some algorithms). Thrust's temporary storage
+  // goes back to the arena while the stream may still use it; the arena hands a block out again
+  // only on the same stream (stream order), or frees it with cudaFree, which waits for the device.
+  [[nodiscard]] auto policy() const {
+    return ::thrust::cuda::par_nosync(arena_->allocator()).on(stream_);
+  }
   void h2d(void* dst, const void* src, std::size_t bytes) const {
     if (bytes == 0) return;
     kvsift::cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
