@@ -34,6 +34,8 @@
 
 #include <cuda_runtime.h>
 
+#include "device_method_params.cuh"
+
 #include <catch2/catch_test_macros.hpp>
 
 #include <algorithm>
@@ -52,21 +54,11 @@
 namespace {
 
 // exec::cuda with h2d through pinned staging (see the file comment).
-struct capture_exec {
-  using memory_space = kvsift::device_space;
-  static constexpr bool host_visible = false;
-  static constexpr std::string_view name = "cuda-capture";
-
+struct capture_exec : kvsift::exec::cuda {
   capture_exec(kvsift::thrust::device_arena& arena, cudaStream_t stream, std::byte* staging,
                std::size_t staging_bytes)
-      : arena_(&arena), stream_(stream), staging_(staging), staging_bytes_(staging_bytes) {}
+      : kvsift::exec::cuda(arena, stream), staging_(staging), staging_bytes_(staging_bytes) {}
 
-  static kvsift::thrust::memory_backing backing() { return kvsift::thrust::cuda_device_backing(); }
-  [[nodiscard]] kvsift::thrust::device_arena& arena() const { return *arena_; }
-  [[nodiscard]] cudaStream_t stream() const { return stream_; }
-  [[nodiscard]] auto policy() const {
-    return ::thrust::cuda::par_nosync(arena_->allocator()).on(stream_);
-  }
   void h2d(void* dst, const void* src, std::size_t bytes) const {
     if (bytes == 0) return;
     const std::size_t at = (*used_ + 255) / 256 * 256;
@@ -74,21 +66,13 @@ struct capture_exec {
     std::memcpy(staging_ + at, src, bytes);
     *used_ = at + bytes;
     kvsift::cuda::check(
-        cudaMemcpyAsync(dst, staging_ + at, bytes, cudaMemcpyHostToDevice, stream_),
+        cudaMemcpyAsync(dst, staging_ + at, bytes, cudaMemcpyHostToDevice, stream()),
         "capture_exec::h2d");
-  }
-  void d2h(void* dst, const void* src, std::size_t bytes) const {
-    if (bytes == 0) return;
-    kvsift::cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
-                        "capture_exec::d2h");
-    kvsift::cuda::check(cudaStreamSynchronize(stream_), "capture_exec::d2h");
   }
   // Only after the stream has finished every copy from the staging area.
   void reset_staging() const { *used_ = 0; }
 
  private:
-  kvsift::thrust::device_arena* arena_;
-  cudaStream_t stream_;
   std::byte* staging_;
   std::size_t staging_bytes_;
   std::shared_ptr<std::size_t> used_ = std::make_shared<std::size_t>(0);
@@ -289,10 +273,7 @@ void report(const std::string& name, const probe_result& r) {
 
 TEST_CASE("every method's decode step captured in a CUDA graph equals the host", "[cuda][capture]") {
   if (!gpu_present()) SKIP("no CUDA device");
-  kvsift::method_config c;
-  c.budget = 40;  // SnapKV's and PyramidKV's paper window (32) must fit in the budget
-  c.options["sink"] = 4;
-  c.options["lag"] = 8;
+  const kvsift::method_config c = kvsift_gpu_test::one_tier_config();
   for (const auto& name : kvsift::method_names()) {
     if (!kvsift::detail::is_one_tier_method(name)) continue;
     rig g;
@@ -308,12 +289,7 @@ TEST_CASE("every method's decode step captured in a CUDA graph equals the host",
   }
   {
     rig g;
-    kvsift::synckv<float>::params p{.clusters = 1, .stride = 2, .rho = 0.5, .memory_fraction = 0.75};
-    p.roles.assign(shape.layers, kvsift::select::cluster_roles{});
-    for (auto& r : p.roles) {
-      r.assign = {0, 0};
-      r.representatives = {0};
-    }
+    const auto p = kvsift_gpu_test::synckv_params(shape.layers);
     kvsift::store::tiered<float> hs(shape, requests, capacity);
     kvsift::thrust::tiered_store<float, E> ds(g.e, shape, requests, capacity, capacity);
     report("synckv", probe<float, kvsift::synckv<float>, kvsift::synckv_on<float, E>>(
@@ -321,16 +297,7 @@ TEST_CASE("every method's decode step captured in a CUDA graph equals the host",
   }
   {
     rig g;
-    kvsift::heterocache<float>::params p;
-    p.drift_window = 2;
-    p.rho = 0.75;
-    for (int l = 0; l < shape.layers; ++l) {
-      kvsift::heterocache_recipe::layer_roles r;
-      r.roles = {kvsift::calibrate::head_role::pivot, kvsift::calibrate::head_role::satellite};
-      r.leader = {0, 0};
-      r.stability = {1.0f, 1.0f};
-      p.roles.push_back(r);
-    }
+    const auto p = kvsift_gpu_test::heterocache_params(shape.layers);
     kvsift::store::tiered<float> hs(shape, requests, capacity);
     kvsift::thrust::tiered_store<float, E> ds(g.e, shape, requests, capacity, capacity);
     report("heterocache", probe<float, kvsift::heterocache<float>, kvsift::heterocache_on<float, E>>(
@@ -338,8 +305,7 @@ TEST_CASE("every method's decode step captured in a CUDA graph equals the host",
   }
   {
     rig g;
-    const kvsift::freekv<float>::params p{.page_size = 4, .budget = 32, .sink = 4, .window = 8,
-                                          .tau = 0.8, .dense_layers = 0};
+    const auto p = kvsift_gpu_test::freekv_params();
     kvsift::store::tiered<float> hs(shape, requests, capacity, p.page_size);
     kvsift::thrust::tiered_store<float, E> ds(g.e, shape, requests, capacity, capacity);
     report("freekv", probe<float, kvsift::freekv<float>, kvsift::freekv_on<float, E>>(

@@ -34,6 +34,8 @@
 
 #include <cuda_runtime.h>
 
+#include "device_method_params.cuh"
+
 #include <catch2/catch_test_macros.hpp>
 
 #include <algorithm>
@@ -166,10 +168,7 @@ void run_pair(HostStore& hs, DevStore& ds, const E& e, const E& engine,
 
 template <class T>
 void one_tier_all(const E& e, const E& engine) {
-  kvsift::method_config c;
-  c.budget = 40;  // SnapKV's and PyramidKV's paper window (32) must fit in the budget
-  c.options["sink"] = 4;
-  c.options["lag"] = 8;
+  const kvsift::method_config c = kvsift_gpu_test::one_tier_config();
   for (const auto& name : kvsift::method_names()) {
     if (!kvsift::detail::is_one_tier_method(name)) continue;
     using DS = kvsift::thrust::dense_store<T, E>;
@@ -204,12 +203,7 @@ TEST_CASE("SyncKV over GPU memory equals the host (exec::cuda)", "[cuda][device]
   kvsift::thrust::device_arena engine_arena(kvsift::thrust::device_arena::default_max_cached_bytes,
                                             kvsift::thrust::cuda_device_backing());
   const E e{arena}, engine{engine_arena};
-  kvsift::synckv<float>::params p{.clusters = 1, .stride = 2, .rho = 0.5, .memory_fraction = 0.75};
-  p.roles.assign(shape.layers, kvsift::select::cluster_roles{});
-  for (auto& r : p.roles) {
-    r.assign = {0, 0};
-    r.representatives = {0};
-  }
+  const auto p = kvsift_gpu_test::synckv_params(shape.layers);
   kvsift::store::tiered<float> hs(shape, requests, capacity);
   kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
   run_pair<float, kvsift::synckv<float>, kvsift::synckv_on<float, E>>(hs, ds, e, engine, p, p,
@@ -224,24 +218,14 @@ TEST_CASE("HeteroCache and FreeKV over GPU memory equal the host (exec::cuda)", 
                                             kvsift::thrust::cuda_device_backing());
   const E e{arena}, engine{engine_arena};
   {  // HeteroCache: head 0 a pivot, head 1 its satellite, a drift check every 2 steps
-    kvsift::heterocache<float>::params p;
-    p.drift_window = 2;
-    p.rho = 0.75;
-    for (int l = 0; l < shape.layers; ++l) {
-      kvsift::heterocache_recipe::layer_roles r;
-      r.roles = {kvsift::calibrate::head_role::pivot, kvsift::calibrate::head_role::satellite};
-      r.leader = {0, 0};
-      r.stability = {1.0f, 1.0f};
-      p.roles.push_back(r);
-    }
+    const auto p = kvsift_gpu_test::heterocache_params(shape.layers);
     kvsift::store::tiered<float> hs(shape, requests, capacity);
     kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
     run_pair<float, kvsift::heterocache<float>, kvsift::heterocache_on<float, E>>(
         hs, ds, e, engine, p, p, "heterocache");
   }
   {  // FreeKV: pages of 4, a budget of 8 pages (1 sink, 2 window), every layer sparse
-    const kvsift::freekv<float>::params p{.page_size = 4, .budget = 32, .sink = 4, .window = 8,
-                                          .tau = 0.8, .dense_layers = 0};
+    const auto p = kvsift_gpu_test::freekv_params();
     kvsift::store::tiered<float> hs(shape, requests, capacity, p.page_size);
     kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
     run_pair<float, kvsift::freekv<float>, kvsift::freekv_on<float, E>>(hs, ds, e, engine, p, p,
