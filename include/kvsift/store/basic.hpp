@@ -86,17 +86,16 @@ class basic_store {
     bool consecutive = !ordered && m > 0;
     for (std::size_t i = 1; consecutive && i < m; ++i) consecutive = slots[i] == slots[i - 1] + 1;
     if (consecutive) {
-      for (std::size_t i = 0; i < m;) {
-        const int slot = slots[i];
-        const auto run = std::min(static_cast<std::size_t>(d.adjacent_slots(seq, slot)), m - i);
+      const int first = slots[0];
+      for_each_run(seq, first, first + static_cast<int>(m), [&](int slot, int run) {
         const std::int32_t* rows = d.row_slot(seq, slot);
-        for (std::size_t j = 0; j < run; ++j) {
+        const auto i = static_cast<std::size_t>(slot - first);
+        for (int j = 0; j < run; ++j) {
           const auto f = static_cast<std::size_t>(d.flat(seq, rows[j]));
           keys[i + j] = d.keys_ + f * dim;
           values[i + j] = d.values_ + f * dim;
         }
-        i += run;
-      }
+      });
       return;
     }
     for (std::size_t i = 0; i < m; ++i) {
@@ -116,8 +115,7 @@ class basic_store {
     const Derived& d = self();
     const bool ordered = ordered_[seq] != 0;
     // run by run of slots whose entries are adjacent (a page's): one address per run, not per slot
-    for (int i = 0; i < n;) {
-      const int run = std::min(d.adjacent_slots(seq, i), n - i);
+    for_each_run(seq, 0, n, [&](int i, int run) {
       if (ordered) {
         const std::int32_t* pos = d.position_slot(seq, i);
         for (int j = 0; j < run; ++j) out[i + j] = static_cast<V>(pos[j]);
@@ -125,8 +123,7 @@ class basic_store {
         const std::int32_t* rows = d.row_slot(seq, i);
         for (int j = 0; j < run; ++j) out[i + j] = static_cast<V>(*d.position_slot(seq, rows[j]));
       }
-      i += run;
-    }
+    });
   }
   // Writable key row, for in-place key transforms such as RoPE re-rotation (core/rope.hpp).
   [[nodiscard]] T* mutable_key(std::int64_t seq, int slot) {
@@ -374,27 +371,34 @@ class basic_store {
     while (k < m && slots[k] == k) ++k;
     hole_[seq] = row(seq, k);
     if (ordered_[seq] && k < m) {
-      for (int i = 0; i < m;) {  // run by run of adjacent entries (a page's)
-        const int run = std::min(self().adjacent_slots(seq, i), m - i);
+      for_each_run(seq, 0, m, [&](int i, int run) {
         std::int32_t* entry = self().row_slot(seq, i);
         for (int j = 0; j < run; ++j) entry[j] = i + j < k ? i + j : i + j + 1;
-        i += run;
-      }
+      });
       ordered_[seq] = 0;
     } else if (!ordered_[seq]) {
       // entries k .. m - 1 take entries k + 1 .. m, run by run of adjacent entries (a page's):
       // within a run one memmove, and its last entry the next run's first (read before that run
       // is touched; entry m, the released slot's old last, is still in the store's memory)
-      for (int i = k; i < m;) {
-        const int run = std::min(self().adjacent_slots(seq, i), m - i);
+      for_each_run(seq, k, m, [&](int i, int run) {
         std::int32_t* entry = self().row_slot(seq, i);
         std::memmove(entry, entry + 1, static_cast<std::size_t>(run - 1) * sizeof(std::int32_t));
         entry[run - 1] = *self().row_slot(seq, i + run);
-        i += run;
-      }
+      });
     }
     length_[seq] = m;
     extent_[seq] = m + 1;
+  }
+  // f(i, run) for runs that cover slots [first, last) in order, each run the slots from i whose
+  // row-map entries (and positions) lie side by side in memory: a page's, or a dense store's
+  // whole head-sequence (adjacent_slots).
+  template <class F>
+  void for_each_run(std::int64_t seq, int first, int last, F&& f) const {
+    for (int i = first; i < last;) {
+      const int run = std::min(self().adjacent_slots(seq, i), last - i);
+      f(i, run);
+      i += run;
+    }
   }
   // Rows in use after appending `tokens` more: the first fills a waiting hole.
   [[nodiscard]] int grown_extent(std::int64_t seq, int tokens) const {
