@@ -1,16 +1,36 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The parameters the GPU method tests give each method (cuda/gpu_device_methods.cu: the
-// methods over exec::cuda beside the host; cuda/gpu_capture_probe.cu: each decode step in a
-// CUDA graph), for a model of `layers` layers with 2 KV heads.
+// What the GPU method tests share (cuda/gpu_device_methods.cu: the methods over exec::cuda
+// beside the host; cuda/gpu_capture_probe.cu: each decode step in a CUDA graph): the parameters
+// they give each method, for a model of `layers` layers with 2 KV heads, and two helpers.
 
 #include <kvsift/method/any_method.hpp>
 #include <kvsift/method/freekv.hpp>
 #include <kvsift/method/heterocache.hpp>
 #include <kvsift/method/synckv.hpp>
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <random>
+#include <vector>
+
 namespace kvsift_gpu_test {
+
+inline bool gpu_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// n values drawn from N(0, 1), rounded to T.
+template <class T>
+std::vector<T> random_array(std::mt19937& rng, std::size_t n) {
+  std::vector<T> out(n);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto& x : out) x = static_cast<T>(dist(rng));
+  return out;
+}
 
 // The one-tier methods by name (detail::visit_one_tier): 40 tokens a head-sequence, so that
 // SnapKV's and PyramidKV's paper window (32) fits; StreamingLLM's sink 4; LagKV's lag 8.

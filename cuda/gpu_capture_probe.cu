@@ -81,24 +81,13 @@ static_assert(kvsift::thrust::DeviceExec<capture_exec>);
 
 using E = capture_exec;
 using kvsift::nhd;
-
-bool gpu_present() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using kvsift_gpu_test::gpu_present;
+using kvsift_gpu_test::random_array;
 
 constexpr kvsift::model_shape shape{2, 8, 2, 32};
 constexpr int requests = 3;
 constexpr int capacity = 160;
 constexpr int steps = 64;
-
-template <class T>
-std::vector<T> random_array(std::mt19937& rng, std::size_t n) {
-  std::vector<T> out(n);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (auto& x : out) x = static_cast<T>(dist(rng));
-  return out;
-}
 
 struct probe_result {
   int captured = 0;

@@ -52,23 +52,12 @@ namespace {
 
 using E = kvsift::exec::cuda;
 using kvsift::nhd;
-
-bool gpu_present() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using kvsift_gpu_test::gpu_present;
+using kvsift_gpu_test::random_array;
 
 constexpr kvsift::model_shape shape{2, 8, 2, 32};  // layers, q heads, KV heads, head dim
 constexpr int requests = 3;
 constexpr int capacity = 128;
-
-template <class T>
-std::vector<T> random_array(std::mt19937& rng, std::size_t n) {
-  std::vector<T> out(n);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (auto& x : out) x = static_cast<T>(dist(rng));
-  return out;
-}
 
 // A host array and its copy in the GPU arena.
 template <class U>
