@@ -11,18 +11,18 @@
 #   --out DIR    output directory (default build/bench-results)
 #   --build DIR  build directory (default: build/release if it is configured, else build/bench
 #                configured with tests and examples off)
-#   --loaded     the quick suite's decode rows on a busy host: one busy process per core runs for
-#                the whole run (started and stopped here), and the library runs its loops on the
-#                benchmark's thread (--kvsift_threading=caller, cpu::scoped_threading); compare
-#                each row's step_p99_ms with the quiet run's step_p50_ms
+#   --loaded     the quick suite's decode rows, first on the quiet host (quiet.json), then on a busy
+#                one (bench.json): one busy process per core runs for the second pass (started and
+#                stopped here); both passes run the library's loops on the benchmark's thread
+#                (--kvsift_threading=caller, cpu::scoped_threading); summary.md has each row's
+#                loaded step_p99_ms against its quiet step_p50_ms
 #   --nice N     with --loaded: the busy processes run at nice N (default 0, the benchmark's own
 #                priority); N > 0 is a host whose background work yields to the engine's decode
 #                thread, as an engine would set it
 #   --threading pool|caller
 #                with --loaded: how the library runs its loops (default caller)
-#   --against F  with --loaded: the quiet run's bench.json to compare with (default
-#                build/bench-results/bench.json when it exists); summary.md then has the table
-#                of each row's p99 / quiet p50
+#   --against F  with --loaded: compare with this quiet run's bench.json instead of a quiet pass
+#                of its own (e.g. a --quick run, whose library threads are the pool's)
 # Without --quick the full sweep runs (4K..128K, both models, budgets 1024/4096, 1 and 4
 # requests): hours on 2 cores.
 set -euo pipefail
@@ -117,14 +117,19 @@ fi
 [[ -n "${min_time}" ]] && args+=("--benchmark_min_time=${min_time}")  # plain seconds (1.7.1)
 
 mkdir -p "${out}"
-quiet=()  # the quiet run a loaded one is compared with, fixed before this run writes anything
+quiet=()  # the quiet run a loaded one is compared with
 if [[ ${loaded} -eq 1 ]]; then
-  [[ -n "${against}" || ! -f "${root}/build/bench-results/bench.json" ]] || against="${root}/build/bench-results/bench.json"
   if [[ -n "${against}" ]]; then
     [[ "$(realpath -m "${against}")" != "$(realpath -m "${out}/bench.json")" ]] ||
       { echo "bench.sh: --against ${against} is this run's own output" >&2; exit 2; }
-    quiet=(--quiet "${against}")
+  else
+    # the same rows, the same threading, before any busy process starts
+    against="${out}/quiet.json"
+    echo "bench.sh: quiet pass (threading ${threading}) -> ${against}"
+    "${bin}" "${args[@]}" --benchmark_out="${against}" --benchmark_out_format=json \
+      --benchmark_counters_tabular=false "${extra[@]}" > /dev/null
   fi
+  quiet=(--quiet "${against}")
 fi
 busy=()
 if [[ ${loaded} -eq 1 ]]; then

@@ -9,6 +9,7 @@
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/cpu/attention_rows.hpp>
 #include <kvsift/cpu/decode_attention.hpp>
+#include <kvsift/cpu/exact_softmax.hpp>
 #include <kvsift/cpu/group_dots.hpp>
 #include <kvsift/store/dense.hpp>
 
@@ -392,20 +393,38 @@ TEMPLATE_TEST_CASE("group_dots and attention_rows_over equal dot and attention_r
   }
 }
 
-TEST_CASE("softmax_rows equals softmax on every row, bit for bit", "[decode_attention]") {
+namespace {
+// The exact softmax as its steps define it, one element at a time: std::max_element's maximum,
+// exact_expf of each element minus it, a sequential double sum, the float reciprocal.
+void softmax_steps(float* x, std::size_t m) {
+  if (m == 0) return;
+  const float mx = *std::max_element(x, x + m);
+  double sum = 0.0;
+  for (std::size_t j = 0; j < m; ++j) {
+    x[j] = kvsift::exact_expf(x[j] - mx);
+    sum += x[j];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (std::size_t j = 0; j < m; ++j) x[j] *= inv;
+}
+}  // namespace
+
+TEST_CASE("softmax_rows and softmax follow the exact softmax's steps bit for bit", "[decode_attention]") {
+  const cpu::simd level = GENERATE(cpu::simd::portable, cpu::simd::avx2, cpu::simd::avx512);
+  if (level > cpu::detected_simd()) SKIP("this CPU has no " << cpu::simd_name(level) << " path");
   std::mt19937 rng(41);
   std::normal_distribution<float> nd(0.0f, 4.0f);
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (const int rows : {1, 2, 3, 4, 5, 8, 9}) {
-    for (const std::size_t m : {0u, 1u, 2u, 7u, 8u, 9u, 16u, 17u, 40u, 257u}) {
-      for (int rep = 0; rep < 6; ++rep) {
+  for (const int rows : {1, 2, 3, 4, 5, 8, 9, 17}) {
+    for (const std::size_t m : {0u, 1u, 2u, 3u, 4u, 5u, 7u, 8u, 9u, 15u, 16u, 17u, 40u, 257u}) {
+      for (int rep = 0; rep < 7; ++rep) {
         const std::size_t ld = m + 2;  // columns past m stay as they are
         std::vector<float> x(static_cast<std::size_t>(rows) * ld);
         for (float& v : x) v = nd(rng);
         for (int r = 0; r < rows && m > 0; ++r) {
           float* row = x.data() + r * ld;
-          switch ((rep + r) % 6) {
+          switch ((rep + r) % 7) {
             case 1: row[m - 1] = row[0] = 30.0f; break;   // a tied maximum, first and last
             case 2: row[0] = -0.0f; for (std::size_t j = 1; j < m; ++j) row[j] = j % 2 ? 0.0f : -0.0f; break;
             case 3: row[m / 2] = -inf; break;             // a masked-out key
@@ -415,11 +434,17 @@ TEST_CASE("softmax_rows equals softmax on every row, bit for bit", "[decode_atte
           }
         }
         std::vector<float> got = x, want = x;
-        cpu::softmax_rows(got.data(), rows, m, ld);
-        for (int r = 0; r < rows; ++r) cpu::softmax(std::span<float>(want.data() + r * ld, m));
+        std::vector<float> one = x;  // softmax() a row at a time
+        cpu::softmax_rows(got.data(), rows, m, ld, level);
+        for (int r = 0; r < rows; ++r) {
+          softmax_steps(want.data() + r * ld, m);
+          cpu::scoped_simd pin(level);
+          cpu::softmax(std::span<float>(one.data() + r * ld, m));
+        }
         for (std::size_t i = 0; i < x.size(); ++i) {
           CAPTURE(rows, m, rep, i);
           REQUIRE(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want[i]));
+          REQUIRE(std::bit_cast<std::uint32_t>(one[i]) == std::bit_cast<std::uint32_t>(want[i]));
         }
       }
     }

@@ -45,7 +45,7 @@ void attend_row(const float* q, int d, int count, KeyAt&& key, ValueAt&& value, 
 
 // A plan attention's probabilities, per plan segment s (one KV head of one token): segment(s) is
 // [G, plan.size(s)] floats, query head g's softmax over the segment's slots in plan order, in
-// cpu::attention_rows_over's exact arithmetic (kvsift::dot's bits, std::exp, a double sum) —
+// cpu::attention_rows_over's exact arithmetic (kvsift::dot's bits, exact_expf, a double sum) —
 // bit for bit what a second pass over the keys would derive, so a scorer that adds them (H2O's
 // cumulative_attention::observe_weights) needs no such pass. Filled by attend_plan_batch.
 struct plan_weights {

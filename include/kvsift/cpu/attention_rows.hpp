@@ -4,6 +4,7 @@
 // Attention probabilities of one query over one head-sequence of a store, recomputed from the
 // stored keys (no engine kernel exposes them). Causal by original position.
 
+#include <kvsift/cpu/exact_softmax.hpp>
 #include <kvsift/cpu/group_dots.hpp>
 #include <kvsift/cpu/math.hpp>
 

@@ -24,6 +24,7 @@
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/cpu/math.hpp>
+#include <kvsift/cpu/simd.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -37,107 +38,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
-    !defined(KVSIFT_PORTABLE_ONLY)
-#define KVSIFT_HAVE_X86_SIMD_PATH 1
-#include <cpuid.h>
-// GCC 12's AVX-512 wrappers start from a self-initialised "undefined" vector, which
-// -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
-// Unrolls the loops over a kernel's register arrays (heads, rows, channel blocks: constant trip
-// counts) whatever the includer's -O level: without it GCC at -O2 (CMake's RelWithDebInfo) keeps
-// the accumulators on the stack and the bf16 attention runs ~3.5x slower than at -O3.
-#if defined(__clang__)
-#define KVSIFT_UNROLL _Pragma("unroll")
-#else
-#define KVSIFT_UNROLL _Pragma("GCC unroll 16")
-#endif
-#define KVSIFT_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#define KVSIFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-// AVX2 without FMA: code whose products must round on their own (cpu/group_dots.hpp), and the
-// loads both kinds inline (a callee's target must be a subset of its caller's)
-#define KVSIFT_TARGET_AVX2_NOFMA __attribute__((target("avx2,f16c")))
-#else
-#define KVSIFT_HAVE_X86_SIMD_PATH 0
-#endif
-
 namespace kvsift::cpu {
-
-// The decode attention paths, in order: a CPU that runs one runs every one before it.
-enum class simd { portable, avx2, avx512 };
-
-inline std::string_view simd_name(simd s) {
-  switch (s) {
-    case simd::avx512: return "avx512";
-    case simd::avx2: return "avx2";
-    default: return "portable";
-  }
-}
-
-// The best path this CPU and build can run.
-inline simd detected_simd() {
-#if KVSIFT_HAVE_X86_SIMD_PATH
-  // Every CPU with AVX-512F also has the FMA, AVX2 and F16C the kernels use. F16C is read from
-  // CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
-  static const simd best = [] {
-    if (__builtin_cpu_supports("avx512f")) return simd::avx512;
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c
-               ? simd::avx2
-               : simd::portable;
-  }();
-  return best;
-#else
-  return simd::portable;
-#endif
-}
-
-namespace detail {
-// -1: no override; otherwise the forced simd value.
-inline std::atomic<int>& simd_override() {
-  static std::atomic<int> v{[] {
-    const char* env = std::getenv("KVSIFT_SIMD");
-    const std::string_view pin = env != nullptr ? env : "";
-    return pin == "portable" ? static_cast<int>(simd::portable)
-           : pin == "avx2"   ? static_cast<int>(simd::avx2)
-                             : -1;
-  }()};
-  return v;
-}
-}  // namespace detail
-
-// The path decode attention takes: the detected one unless pinned lower. A pin above what the CPU
-// has runs the detected path.
-inline simd active_simd() {
-  const int o = detail::simd_override().load(std::memory_order_relaxed);
-  const simd best = detected_simd();
-  return o >= 0 && o < static_cast<int>(best) ? static_cast<simd>(o) : best;
-}
-// Pins the path (process-wide) / drops any pin, KVSIFT_SIMD's included.
-inline void force_simd(simd s) { detail::simd_override().store(static_cast<int>(s)); }
-inline void unforce_simd() { detail::simd_override().store(-1); }
-
-// Pins the path for a scope and restores what was there before (a KVSIFT_SIMD pin included);
-// for tests and side-by-side benchmarks.
-class scoped_simd {
- public:
-  explicit scoped_simd(simd s) : saved_(detail::simd_override().exchange(static_cast<int>(s))) {}
-  ~scoped_simd() { detail::simd_override().store(saved_); }
-  scoped_simd(const scoped_simd&) = delete;
-  scoped_simd& operator=(const scoped_simd&) = delete;
-
- private:
-  int saved_;
-};
 
 namespace detail {
 

@@ -7,6 +7,7 @@
 #include <kvsift/core/dot.hpp>
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
+#include <kvsift/cpu/exact_softmax.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -50,73 +51,10 @@ inline float dot(const float* q, const T* k, int d) {
   return kvsift::dot(q, k, d);
 }
 
-// In-place softmax with the row max subtracted; an empty row is left alone.
-inline void softmax(std::span<float> x) {
-  if (x.empty()) {
-    return;
-  }
-  const float mx = *std::max_element(x.begin(), x.end());
-  double sum = 0.0;
-  for (float& v : x) {
-    v = std::exp(v - mx);
-    sum += v;
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (float& v : x) {
-    v *= inv;
-  }
-}
-
-// softmax() on each of `rows` rows x[r * ld .. r * ld + m), bit for bit: each row's maximum,
-// std::exp of every element minus it and the sequential double sum, as softmax() computes them.
-// What changes is the schedule: the maximum from eight running maxima (the same value: a maximum
-// does not depend on the order it is taken in, and softmax's NaN-first and signed-zero cases give
-// the same exponentials), and up to four rows' exp-and-sum loops interleaved, so four independent
-// double sums are in flight where one row's chain of dependent adds would stall on each add.
-inline void softmax_rows(float* x, int rows, std::size_t m, std::size_t ld) {
-  if (m == 0) return;
-  constexpr int kRows = 4;
-  for (int r0 = 0; r0 < rows; r0 += kRows) {
-    const int nr = std::min(kRows, rows - r0);
-    float* row[kRows];
-    float mx[kRows];
-    double sum[kRows];
-    for (int r = 0; r < nr; ++r) {
-      row[r] = x + static_cast<std::size_t>(r0 + r) * ld;
-      float lanes[8];
-      for (float& l : lanes) l = row[r][0];  // std::max_element keeps the first maximum
-      std::size_t j = 1;
-      for (; j + 8 <= m; j += 8) {
-        for (int i = 0; i < 8; ++i) lanes[i] = lanes[i] < row[r][j + i] ? row[r][j + i] : lanes[i];
-      }
-      for (; j < m; ++j) lanes[0] = lanes[0] < row[r][j] ? row[r][j] : lanes[0];
-      float top = lanes[0];
-      for (int i = 1; i < 8; ++i) top = top < lanes[i] ? lanes[i] : top;
-      mx[r] = top;
-      sum[r] = 0.0;
-    }
-    if (nr == kRows) {
-      for (std::size_t j = 0; j < m; ++j) {
-        for (int r = 0; r < kRows; ++r) {
-          const float e = std::exp(row[r][j] - mx[r]);
-          row[r][j] = e;
-          sum[r] += e;
-        }
-      }
-    } else {
-      for (int r = 0; r < nr; ++r) {
-        for (std::size_t j = 0; j < m; ++j) {
-          row[r][j] = std::exp(row[r][j] - mx[r]);
-          sum[r] += row[r][j];
-        }
-      }
-    }
-    for (int r = 0; r < nr; ++r) {
-      const float inv = static_cast<float>(1.0 / sum[r]);
-      for (std::size_t j = 0; j < m; ++j) row[r][j] *= inv;
-    }
-  }
-}
+// In-place softmax with the row max subtracted, exp by exact_expf (core/exp.hpp) and a sequential
+// double sum: the exact softmax every selection's scores go through (cpu/exact_softmax.hpp, where
+// it runs on the CPU's vector path). An empty row is left alone.
+inline void softmax(std::span<float> x) { softmax_rows(x.data(), 1, x.size(), x.size()); }
 
 // exp(x) for x <= 0 (softmax after the max is subtracted), branch-free so loops over it
 // vectorise: Cody-Waite range reduction and a degree-6 polynomial, relative error < 2e-7.

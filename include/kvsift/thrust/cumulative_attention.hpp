@@ -100,7 +100,7 @@ struct cumulative_row_fn {
     double sum = 0.0;
     for (int j = 0; j < v; ++j) {
       const float x = kvsift::dot(qv, keys.row(s, j), keys.dim) * scale;
-      sum += static_cast<float>(std::exp(x - mx));
+      sum += static_cast<float>(exact_expf(x - mx));
     }
     l.row_max[row] = mx;
     l.row_inv[row] = static_cast<float>(1.0 / sum);
@@ -134,7 +134,7 @@ struct cumulative_column_fn {
       }
       const float* qv = q.row(r, i, h * G + g, keys.dim);
       const float x = kvsift::dot(qv, k, keys.dim) * scale;
-      const float p = static_cast<float>(std::exp(x - l.row_max[row])) * l.row_inv[row];
+      const float p = static_cast<float>(exact_expf(x - l.row_max[row])) * l.row_inv[row];
       acc += p;
     }
     l.columns[e] = acc;

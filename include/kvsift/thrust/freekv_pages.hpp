@@ -84,7 +84,7 @@ struct freekv_stats_fn {
       mx = b > mx ? b : mx;
     }
     double sum = 0.0;
-    for (std::int64_t pg = first; pg < last; ++pg) sum += std::exp(f.bound(q, s, pg) - mx);
+    for (std::int64_t pg = first; pg < last; ++pg) sum += exact_expf(f.bound(q, s, pg) - mx);
     row_max[e] = mx;
     row_inv[e] = static_cast<float>(1.0 / sum);
   }
@@ -108,7 +108,7 @@ struct freekv_merge_fn {
     if (merge == score::freekv_merge::softmax_mean) {
       for (int g = 0; g < f.group; ++g) {
         const std::int64_t e = static_cast<std::int64_t>(s) * f.group + g;
-        const float p = std::exp(f.bound(f.query(s, g), s, pg) - row_max[e]);
+        const float p = exact_expf(f.bound(f.query(s, g), s, pg) - row_max[e]);
         acc += mul_rn(p, row_inv[e]);
       }
       out[pg] = acc / static_cast<float>(f.group);

@@ -30,7 +30,7 @@ KVSIFT_HOST_DEVICE inline void softmax_row(float* x, int n) {
   }
   double sum = 0.0;
   for (int j = 0; j < n; ++j) {
-    x[j] = std::exp(x[j] - mx);
+    x[j] = exact_expf(x[j] - mx);
     sum += x[j];
   }
   const float inv = static_cast<float>(1.0 / sum);

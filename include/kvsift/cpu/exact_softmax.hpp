@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The exact softmax every selection's scores go through, one row (cpu::softmax, cpu/math.hpp) or
+// many (H2O's weights and every exact attention row of a GQA group): for each row its maximum,
+// exact_expf (core/exp.hpp) of every element minus it, a sequential double sum in column order,
+// each element times the float reciprocal of the sum. The result is fixed by those steps; the
+// schedule is not:
+// - exact_expf runs 8 lanes at a time on AVX-512 and 4 on AVX2: the same double operations in the
+//   same order, products rounded on their own (embedded-rounding multiplies on AVX-512, which no
+//   compiler fuses into an FMA; a function compiled without FMA on AVX2), the table read by a
+//   gather; so each lane equals exact_expf bit for bit;
+// - each row's maximum comes from eight running maxima (the same value: a maximum does not depend
+//   on the order it is taken in, and softmax's NaN-first and signed-zero cases give the same
+//   exponentials);
+// - eight rows' double sums are in flight together, each still in column order, where one row's
+//   chain of dependent adds would stall on each add.
+
+#include <kvsift/core/exp.hpp>
+#include <kvsift/cpu/simd.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+namespace kvsift::cpu {
+
+namespace detail {
+
+// x[j] = exact_expf(x[j] - top), j in [0, m), one lane at a time.
+inline void exp_sub_row_portable(float* x, std::size_t m, float top) {
+  for (std::size_t j = 0; j < m; ++j) x[j] = exact_expf(x[j] - top);
+}
+
+#if KVSIFT_HAVE_X86_SIMD_PATH
+// The lanes exact_expf sends to its special cases: NaN to x + x, above the overflow bound to
+// +inf, below the underflow bound (-inf included) to 0.
+struct exp_special {
+  static constexpr float overflow = kvsift::detail::exp::kOverflow;
+  static constexpr float underflow = kvsift::detail::exp::kUnderflow;
+};
+
+KVSIFT_TARGET_AVX512 inline __m512d exp_core8(__m512d xd) {
+  namespace e = kvsift::detail::exp;
+  constexpr int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512d shift = _mm512_set1_pd(e::kShift);
+  const __m512d z = _mm512_mul_round_pd(xd, _mm512_set1_pd(e::kInvLn2N), rn);
+  const __m512d shifted = _mm512_add_round_pd(z, shift, rn);
+  const __m512i ki = _mm512_castpd_si512(shifted);
+  const __m512d r = _mm512_sub_round_pd(z, _mm512_sub_round_pd(shifted, shift, rn), rn);
+  const __m512i idx = _mm512_and_si512(ki, _mm512_set1_epi64(e::kN - 1));
+  const __m512i t = _mm512_add_epi64(_mm512_i64gather_epi64(idx, e::kTable, 8),
+                                     _mm512_slli_epi64(ki, 52 - e::kTableBits));
+  const __m512d p = _mm512_add_round_pd(_mm512_mul_round_pd(_mm512_set1_pd(e::kC0), r, rn),
+                                        _mm512_set1_pd(e::kC1), rn);
+  const __m512d r2 = _mm512_mul_round_pd(r, r, rn);
+  __m512d y = _mm512_add_round_pd(_mm512_mul_round_pd(_mm512_set1_pd(e::kC2), r, rn),
+                                  _mm512_set1_pd(1.0), rn);
+  y = _mm512_add_round_pd(_mm512_mul_round_pd(p, r2, rn), y, rn);
+  return _mm512_mul_round_pd(y, _mm512_castsi512_pd(t), rn);
+}
+
+// exact_expf on 16 lanes.
+KVSIFT_TARGET_AVX512 inline __m512 exact_exp16(__m512 x) {
+  const __m256 lo = _mm512_cvt_roundpd_ps(exp_core8(_mm512_cvtps_pd(_mm512_castps512_ps256(x))),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 hi = _mm512_cvt_roundpd_ps(
+      exp_core8(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 y = _mm512_castpd_ps(
+      _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_special::underflow), _CMP_LT_OQ),
+                           y, _mm512_setzero_ps());
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_special::overflow), _CMP_GT_OQ),
+                           y, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, _mm512_add_ps(x, x));
+}
+
+KVSIFT_TARGET_AVX512 inline void exp_sub_row_avx512(float* x, std::size_t m, float top) {
+  const __m512 t = _mm512_set1_ps(top);
+  std::size_t j = 0;
+  for (; j + 16 <= m; j += 16) {
+    _mm512_storeu_ps(x + j, exact_exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), t)));
+  }
+  if (j < m) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (m - j)) - 1u);
+    _mm512_mask_storeu_ps(x + j, tail,
+                          exact_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), t)));
+  }
+}
+
+// exact_expf on 4 lanes, compiled without FMA so the products round on their own.
+KVSIFT_TARGET_AVX2_NOFMA inline __m128 exact_exp4(__m128 x) {
+  namespace e = kvsift::detail::exp;
+  const __m256d shift = _mm256_set1_pd(e::kShift);
+  const __m256d z = _mm256_mul_pd(_mm256_cvtps_pd(x), _mm256_set1_pd(e::kInvLn2N));
+  const __m256d shifted = _mm256_add_pd(z, shift);
+  const __m256i ki = _mm256_castpd_si256(shifted);
+  const __m256d r = _mm256_sub_pd(z, _mm256_sub_pd(shifted, shift));
+  const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(e::kN - 1));
+  const __m256i t =
+      _mm256_add_epi64(_mm256_i64gather_epi64(reinterpret_cast<const long long*>(e::kTable), idx, 8),
+                       _mm256_slli_epi64(ki, 52 - e::kTableBits));
+  const __m256d p = _mm256_add_pd(_mm256_mul_pd(_mm256_set1_pd(e::kC0), r), _mm256_set1_pd(e::kC1));
+  const __m256d r2 = _mm256_mul_pd(r, r);
+  __m256d y = _mm256_add_pd(_mm256_mul_pd(_mm256_set1_pd(e::kC2), r), _mm256_set1_pd(1.0));
+  y = _mm256_add_pd(_mm256_mul_pd(p, r2), y);
+  __m128 out = _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
+  out = _mm_blendv_ps(out, _mm_setzero_ps(),
+                      _mm_cmp_ps(x, _mm_set1_ps(exp_special::underflow), _CMP_LT_OQ));
+  out = _mm_blendv_ps(out, _mm_set1_ps(std::numeric_limits<float>::infinity()),
+                      _mm_cmp_ps(x, _mm_set1_ps(exp_special::overflow), _CMP_GT_OQ));
+  return _mm_blendv_ps(out, _mm_add_ps(x, x), _mm_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+KVSIFT_TARGET_AVX2_NOFMA inline void exp_sub_row_avx2(float* x, std::size_t m, float top) {
+  const __m128 t = _mm_set1_ps(top);
+  std::size_t j = 0;
+  for (; j + 4 <= m; j += 4) _mm_storeu_ps(x + j, exact_exp4(_mm_sub_ps(_mm_loadu_ps(x + j), t)));
+  for (; j < m; ++j) x[j] = exact_expf(x[j] - top);
+}
+#endif
+
+}  // namespace detail
+
+// x[j] = exact_expf(x[j] - top) for j in [0, m), on the best path the CPU has (`level`: for tests).
+inline void exp_sub_row(float* x, std::size_t m, float top, simd level = active_simd()) {
+#if KVSIFT_HAVE_X86_SIMD_PATH
+  if (level >= simd::avx512) return detail::exp_sub_row_avx512(x, m, top);
+  if (level >= simd::avx2) return detail::exp_sub_row_avx2(x, m, top);
+#endif
+  (void)level;
+  detail::exp_sub_row_portable(x, m, top);
+}
+
+// softmax() on each of `rows` rows x[r * ld .. r * ld + m), bit for bit (see above).
+inline void softmax_rows(float* x, int rows, std::size_t m, std::size_t ld,
+                         simd level = active_simd()) {
+  if (m == 0) return;
+  for (int r = 0; r < rows; ++r) {
+    float* row = x + static_cast<std::size_t>(r) * ld;
+    float lanes[8];
+    for (float& l : lanes) l = row[0];  // std::max_element keeps the first maximum
+    std::size_t j = 1;
+    for (; j + 8 <= m; j += 8) {
+      for (int i = 0; i < 8; ++i) lanes[i] = lanes[i] < row[j + i] ? row[j + i] : lanes[i];
+    }
+    for (; j < m; ++j) lanes[0] = lanes[0] < row[j] ? row[j] : lanes[0];
+    float top = lanes[0];
+    for (int i = 1; i < 8; ++i) top = top < lanes[i] ? lanes[i] : top;
+    exp_sub_row(row, m, top, level);
+  }
+  constexpr int kRows = 8;
+  for (int r0 = 0; r0 < rows; r0 += kRows) {
+    const int nr = std::min(kRows, rows - r0);
+    float* row[kRows];
+    double sum[kRows];
+    for (int r = 0; r < nr; ++r) {
+      row[r] = x + static_cast<std::size_t>(r0 + r) * ld;
+      sum[r] = 0.0;
+    }
+    if (nr == kRows) {
+      for (std::size_t j = 0; j < m; ++j) {
+        for (int r = 0; r < kRows; ++r) sum[r] += row[r][j];
+      }
+    } else {
+      for (int r = 0; r < nr; ++r) {
+        for (std::size_t j = 0; j < m; ++j) sum[r] += row[r][j];
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      const float inv = static_cast<float>(1.0 / sum[r]);
+      for (std::size_t j = 0; j < m; ++j) row[r][j] *= inv;
+    }
+  }
+}
+
+}  // namespace kvsift::cpu
