@@ -2,6 +2,7 @@
 #pragma once
 
 #include <kvsift/cpu/attention_rows.hpp>
+#include <kvsift/cpu/group_dots.hpp>
 #include <kvsift/cpu/parallel.hpp>
 #include <kvsift/score/context.hpp>
 
@@ -51,23 +52,31 @@ struct window_attention {
       const int nq = std::min(q.tokens, p.window);
       const std::int32_t first_q = in.query_position[r] + (q.tokens - nq);
       const int past = cpu::visible_slots(*in.store, seq, first_q - 1);
-      // Logits of every window query of the group against every key it may see, computed key
-      // block by key block so each key row is read from memory once, not once per query.
+      // Logits of every window query of the group (row g * nq + i: query head h * G + g, window
+      // query i) against every key it may see, kvsift::dot's bits (cpu::group_dots_rows: four
+      // rows per pass over a key, on the CPU's vector path), key block by key block so each key
+      // row is read from memory once, not once per query.
+      using T = typename Store::element_type;
+      const int d = sh.head_dim;
       const int nrows = G * nq;
       const int last_visible = cpu::visible_slots(*in.store, seq, in.query_position[r] + q.tokens - 1);
       std::vector<float> logits(static_cast<std::size_t>(nrows) * last_visible);
-      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
-      constexpr int block = 128;
-      for (int j0 = 0; j0 < last_visible; j0 += block) {
-        const int j1 = std::min(last_visible, j0 + block);
-        for (int row = 0; row < nrows; ++row) {
-          const float* qv = q.row(q.tokens - nq + row % nq, h * G + row / nq);
-          float* lg = logits.data() + static_cast<std::size_t>(row) * last_visible;
-          for (int j = j0; j < j1; ++j) {
-            lg[j] = kvsift::dot(qv, in.store->key(seq, j), sh.head_dim) * scale;
-          }
-        }
+      std::vector<float> qrows(static_cast<std::size_t>(nrows) * d);
+      for (int row = 0; row < nrows; ++row) {
+        const float* qv = q.row(q.tokens - nq + row % nq, h * G + row / nq);
+        std::copy(qv, qv + d, qrows.data() + static_cast<std::size_t>(row) * d);
       }
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      constexpr int block = 128;
+      const T* keys[block];
+      for (int j0 = 0; j0 < last_visible; j0 += block) {
+        const int m = std::min(last_visible - j0, block);
+        for (int j = 0; j < m; ++j) keys[j] = in.store->key(seq, j0 + j);
+        cpu::group_dots_rows<T>(qrows.data(), nrows, d, static_cast<std::size_t>(m),
+                                [&](std::size_t j) { return keys[j]; }, logits.data() + j0,
+                                static_cast<std::size_t>(last_visible));
+      }
+      for (float& x : logits) x *= scale;
       std::vector<float> rows(static_cast<std::size_t>(G) * past, 0.0f);
       std::vector<float> pooled(static_cast<std::size_t>(past));
       for (int g = 0; g < G; ++g) {
