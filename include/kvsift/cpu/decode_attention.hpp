@@ -27,14 +27,12 @@
 #include <kvsift/cpu/simd.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <span>
-#include <string_view>
 #include <type_traits>
 #include <vector>
 

@@ -34,13 +34,8 @@ inline void exp_sub_row_portable(float* x, std::size_t m, float top) {
 }
 
 #if KVSIFT_HAVE_X86_SIMD_PATH
-// The lanes exact_expf sends to its special cases: NaN to x + x, above the overflow bound to
-// +inf, below the underflow bound (-inf included) to 0.
-struct exp_special {
-  static constexpr float overflow = kvsift::detail::exp::kOverflow;
-  static constexpr float underflow = kvsift::detail::exp::kUnderflow;
-};
-
+// The lanes exact_expf sends to its special cases are fixed after the core: NaN to x + x, above
+// kOverflow to +inf, below kUnderflow (-inf included) to 0.
 KVSIFT_TARGET_AVX512 inline __m512d exp_core8(__m512d xd) {
   namespace e = kvsift::detail::exp;
   constexpr int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -70,9 +65,9 @@ KVSIFT_TARGET_AVX512 inline __m512 exact_exp16(__m512 x) {
       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 y = _mm512_castpd_ps(
       _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_special::underflow), _CMP_LT_OQ),
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kvsift::detail::exp::kUnderflow), _CMP_LT_OQ),
                            y, _mm512_setzero_ps());
-  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_special::overflow), _CMP_GT_OQ),
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kvsift::detail::exp::kOverflow), _CMP_GT_OQ),
                            y, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, _mm512_add_ps(x, x));
 }
@@ -108,9 +103,9 @@ KVSIFT_TARGET_AVX2_NOFMA inline __m128 exact_exp4(__m128 x) {
   y = _mm256_add_pd(_mm256_mul_pd(p, r2), y);
   __m128 out = _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
   out = _mm_blendv_ps(out, _mm_setzero_ps(),
-                      _mm_cmp_ps(x, _mm_set1_ps(exp_special::underflow), _CMP_LT_OQ));
+                      _mm_cmp_ps(x, _mm_set1_ps(kvsift::detail::exp::kUnderflow), _CMP_LT_OQ));
   out = _mm_blendv_ps(out, _mm_set1_ps(std::numeric_limits<float>::infinity()),
-                      _mm_cmp_ps(x, _mm_set1_ps(exp_special::overflow), _CMP_GT_OQ));
+                      _mm_cmp_ps(x, _mm_set1_ps(kvsift::detail::exp::kOverflow), _CMP_GT_OQ));
   return _mm_blendv_ps(out, _mm_add_ps(x, x), _mm_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
