@@ -491,7 +491,7 @@ TEMPLATE_TEST_CASE("stores: the waiting hole across appends, retains and reset",
 // A sliding window's steps on page sizes that split the row map at every place (1, 3: not a
 // power of two, 4, 16) and on a dense store: every retain that releases one token (the waiting
 // hole, the row map shifted run by run) or a few, against a list of the resident positions; the
-// recency scorer's positions_prefix equals position() slot by slot.
+// recency scorer's positions_prefix and a plan's positions_of equal position() slot by slot.
 TEMPLATE_TEST_CASE("stores: one-token releases on every page size keep slots, rows and positions",
                    "[evict][inplace][store]", kvsift::store::dense<float>,
                    kvsift::store::paged<float>) {
@@ -565,9 +565,12 @@ TEMPLATE_TEST_CASE("stores: one-token releases on every page size keep slots, ro
           for (int i = from; i < len; i += stride) slots.push_back(i);
           std::vector<const float*> keys(slots.size()), values(slots.size());
           s.row_addresses(seq, slots, keys.data(), values.data());
+          std::vector<std::int32_t> positions(slots.size());
+          s.positions_of(seq, slots, positions.data());  // a plan's positions, same walks
           for (std::size_t i = 0; i < slots.size(); ++i) {
             REQUIRE(keys[i] == s.key(seq, slots[i]));
             REQUIRE(values[i] == s.value(seq, slots[i]));
+            REQUIRE(positions[i] == s.position(seq, slots[i]));
           }
         }
       }

@@ -97,18 +97,6 @@ inline void prefetch_row_far(const T* p, int d) {
   prefetch_row<_MM_HINT_T2>(p, d);
 }
 
-// f.operator()<GC>() for GC = min(gc, Max) (gc >= 1): a tile of GC query heads.
-template <int Max, class F>
-void with_heads(int gc, F&& f) {
-  if constexpr (Max > 1) {
-    if (gc < Max) {
-      with_heads<Max - 1>(gc, f);
-      return;
-    }
-  }
-  f.template operator()<Max>();
-}
-
 namespace avx512 {
 
 // 16 elements as floats: bf16 is the upper half of a binary32 (a shift), f16 converts exactly.

@@ -8,13 +8,13 @@
 // schedule is not:
 // - exact_expf runs 8 lanes at a time on AVX-512 and 4 on AVX2: the same double operations in the
 //   same order, products rounded on their own (embedded-rounding multiplies on AVX-512, which no
-//   compiler fuses into an FMA; a function compiled without FMA on AVX2), the table read by a
-//   gather; so each lane equals exact_expf bit for bit;
+//   compiler fuses into an FMA; a function compiled without FMA on AVX2), the table read by
+//   permutes (AVX-512) or a gather (AVX2); so each lane equals exact_expf bit for bit;
 // - each row's maximum comes from eight running maxima (the same value: a maximum does not depend
 //   on the order it is taken in, and softmax's NaN-first and signed-zero cases give the same
 //   exponentials);
-// - eight rows' double sums are in flight together, each still in column order, where one row's
-//   chain of dependent adds would stall on each add.
+// - up to eight rows' double sums are in flight together (as many as the call has), each still in
+//   column order, where one row's chain of dependent adds would stall on each add.
 
 #include <kvsift/core/exp.hpp>
 #include <kvsift/cpu/simd.hpp>
@@ -45,8 +45,16 @@ KVSIFT_TARGET_AVX512 inline __m512d exp_core8(__m512d xd) {
   const __m512i ki = _mm512_castpd_si512(shifted);
   const __m512d r = _mm512_sub_round_pd(z, _mm512_sub_round_pd(shifted, shift, rn), rn);
   const __m512i idx = _mm512_and_si512(ki, _mm512_set1_epi64(e::kN - 1));
-  const __m512i t = _mm512_add_epi64(_mm512_i64gather_epi64(idx, e::kTable, 8),
-                                     _mm512_slli_epi64(ki, 52 - e::kTableBits));
+  // the 32-entry table from four registers (two two-source permutes and a blend on index bit 4),
+  // where a gather would issue eight loads
+  static_assert(e::kN == 32);
+  const __m512i lo = _mm512_permutex2var_epi64(_mm512_loadu_si512(e::kTable), idx,
+                                               _mm512_loadu_si512(e::kTable + 8));
+  const __m512i hi = _mm512_permutex2var_epi64(_mm512_loadu_si512(e::kTable + 16), idx,
+                                               _mm512_loadu_si512(e::kTable + 24));
+  const __m512i entry =
+      _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), lo, hi);
+  const __m512i t = _mm512_add_epi64(entry, _mm512_slli_epi64(ki, 52 - e::kTableBits));
   const __m512d p = _mm512_add_round_pd(_mm512_mul_round_pd(_mm512_set1_pd(e::kC0), r, rn),
                                         _mm512_set1_pd(e::kC1), rn);
   const __m512d r2 = _mm512_mul_round_pd(r, r, rn);
@@ -117,6 +125,16 @@ KVSIFT_TARGET_AVX2_NOFMA inline void exp_sub_row_avx2(float* x, std::size_t m, f
 }
 #endif
 
+// sum[r] = row[r][0] + row[r][1] + ... in column order, in double, for NR rows side by side.
+template <int NR>
+inline void column_sums(float* const* row, std::size_t m, double* sum) {
+  double s[NR] = {};
+  for (std::size_t j = 0; j < m; ++j) {
+    for (int r = 0; r < NR; ++r) s[r] += row[r][j];
+  }
+  for (int r = 0; r < NR; ++r) sum[r] = s[r];
+}
+
 }  // namespace detail
 
 // x[j] = exact_expf(x[j] - top) for j in [0, m), on the best path the CPU has (`level`: for tests).
@@ -151,19 +169,9 @@ inline void softmax_rows(float* x, int rows, std::size_t m, std::size_t ld,
     const int nr = std::min(kRows, rows - r0);
     float* row[kRows];
     double sum[kRows];
-    for (int r = 0; r < nr; ++r) {
-      row[r] = x + static_cast<std::size_t>(r0 + r) * ld;
-      sum[r] = 0.0;
-    }
-    if (nr == kRows) {
-      for (std::size_t j = 0; j < m; ++j) {
-        for (int r = 0; r < kRows; ++r) sum[r] += row[r][j];
-      }
-    } else {
-      for (int r = 0; r < nr; ++r) {
-        for (std::size_t j = 0; j < m; ++j) sum[r] += row[r][j];
-      }
-    }
+    for (int r = 0; r < nr; ++r) row[r] = x + static_cast<std::size_t>(r0 + r) * ld;
+    // nr chains side by side for any nr (a GQA group of four heads is four rows)
+    detail::with_heads<kRows>(nr, [&]<int NR>() { detail::column_sums<NR>(row, m, sum); });
     for (int r = 0; r < nr; ++r) {
       const float inv = static_cast<float>(1.0 / sum[r]);
       for (std::size_t j = 0; j < m; ++j) row[r][j] *= inv;

@@ -163,7 +163,7 @@ void group_dots(const float* q, int G, const T* k, int d, float* out,
 
 // out[g * ld + j] = kvsift::dot(q + g * d, key(j), d) for g < G and j < m, bit for bit, each key
 // row read once per group of up to four heads; key(j) is a pointer to row j's d elements. With
-// AVX-512, rows go two to a register (four at a time); otherwise group_dots per row.
+// AVX-512, rows go two to a register (eight at a time); otherwise group_dots per row.
 template <Element T, class KeyAt>
 void group_dots_rows(const float* q, int G, int d, std::size_t m, KeyAt&& key, float* out,
                      std::size_t ld, simd level = active_simd()) {
@@ -186,6 +186,12 @@ void group_dots_rows(const float* q, int G, int d, std::size_t m, KeyAt&& key, f
       float* og = out + static_cast<std::size_t>(g0) * ld;
       detail::with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
         std::size_t j = 0;
+        for (; j + 8 <= m; j += 8) {  // 16 chains: a query block loaded once per 8 rows
+          const T* k[8];
+          KVSIFT_UNROLL
+          for (int r = 0; r < 8; ++r) k[r] = static_cast<const T*>(key(j + r));
+          detail::exact512::dots_block<GC, 4, T>(qg, q2g, d, k, og + j, ld);
+        }
         for (; j + 4 <= m; j += 4) {
           const T* k[4] = {static_cast<const T*>(key(j)), static_cast<const T*>(key(j + 1)),
                            static_cast<const T*>(key(j + 2)), static_cast<const T*>(key(j + 3))};

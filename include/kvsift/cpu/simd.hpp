@@ -89,6 +89,19 @@ inline std::atomic<int>& simd_override() {
   }()};
   return v;
 }
+
+// f.operator()<N>() for N = min(n, Max) (n >= 1): a kernel's tile of N query heads or rows, the
+// count a compile-time constant so its accumulators stay in registers.
+template <int Max, class F>
+void with_heads(int n, F&& f) {
+  if constexpr (Max > 1) {
+    if (n < Max) {
+      with_heads<Max - 1>(n, f);
+      return;
+    }
+  }
+  f.template operator()<Max>();
+}
 }  // namespace detail
 
 // The path the vector kernels take: the detected one unless pinned lower. A pin above what the CPU

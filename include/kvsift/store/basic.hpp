@@ -83,9 +83,7 @@ class basic_store {
     const std::size_t m = slots.size();
     // consecutive slots (a whole-cache plan: StreamingLLM's, H2O's) out of row order: the row
     // map read run by run of adjacent entries (a page's), not through a page lookup per slot
-    bool consecutive = !ordered && m > 0;
-    for (std::size_t i = 1; consecutive && i < m; ++i) consecutive = slots[i] == slots[i - 1] + 1;
-    if (consecutive) {
+    if (!ordered && consecutive(slots)) {
       const int first = slots[0];
       for_each_run(seq, first, first + static_cast<int>(m), [&](int slot, int run) {
         const std::int32_t* rows = d.row_slot(seq, slot);
@@ -108,22 +106,15 @@ class basic_store {
   // position(seq, slots[i]) for every i (a plan's positions), and position(seq, j) for j in
   // [0, n) converted to V (a recency score): inline, as row_addresses.
   void positions_of(std::int64_t seq, std::span<const std::int32_t> slots, std::int32_t* out) const {
+    if (consecutive(slots)) {  // a whole-cache plan: run by run, as positions_prefix
+      positions_range(seq, slots.front(), slots.front() + static_cast<int>(slots.size()), out);
+      return;
+    }
     gather_positions(seq, slots.size(), [slots](std::size_t i) { return slots[i]; }, out);
   }
   template <class V>
   void positions_prefix(std::int64_t seq, int n, V* out) const {
-    const Derived& d = self();
-    const bool ordered = ordered_[seq] != 0;
-    // run by run of slots whose entries are adjacent (a page's): one address per run, not per slot
-    for_each_run(seq, 0, n, [&](int i, int run) {
-      if (ordered) {
-        const std::int32_t* pos = d.position_slot(seq, i);
-        for (int j = 0; j < run; ++j) out[i + j] = static_cast<V>(pos[j]);
-      } else {
-        const std::int32_t* rows = d.row_slot(seq, i);
-        for (int j = 0; j < run; ++j) out[i + j] = static_cast<V>(*d.position_slot(seq, rows[j]));
-      }
-    });
+    positions_range(seq, 0, n, out);
   }
   // Writable key row, for in-place key transforms such as RoPE re-rotation (core/rope.hpp).
   [[nodiscard]] T* mutable_key(std::int64_t seq, int slot) {
@@ -403,6 +394,29 @@ class basic_store {
   // Rows in use after appending `tokens` more: the first fills a waiting hole.
   [[nodiscard]] int grown_extent(std::int64_t seq, int tokens) const {
     return std::max(extent_[seq], length_[seq] + tokens);
+  }
+  // slots[i] == slots[0] + i for every i (and at least one slot)
+  static bool consecutive(std::span<const std::int32_t> slots) {
+    bool yes = !slots.empty();
+    for (std::size_t i = 1; yes && i < slots.size(); ++i) yes = slots[i] == slots[i - 1] + 1;
+    return yes;
+  }
+  // out[i - first] = position(seq, i) for i in [first, last), converted to V: run by run of slots
+  // whose entries are adjacent (a page's), one address per run, not per slot
+  template <class V>
+  void positions_range(std::int64_t seq, int first, int last, V* out) const {
+    const Derived& d = self();
+    const bool ordered = ordered_[seq] != 0;
+    for_each_run(seq, first, last, [&](int i, int run) {
+      V* o = out + (i - first);
+      if (ordered) {
+        const std::int32_t* pos = d.position_slot(seq, i);
+        for (int j = 0; j < run; ++j) o[j] = static_cast<V>(pos[j]);
+      } else {
+        const std::int32_t* rows = d.row_slot(seq, i);
+        for (int j = 0; j < run; ++j) o[j] = static_cast<V>(*d.position_slot(seq, rows[j]));
+      }
+    });
   }
   template <class SlotAt, class V>
   void gather_positions(std::int64_t seq, std::size_t n, SlotAt slot_at, V* out) const {
