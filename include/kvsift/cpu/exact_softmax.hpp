@@ -6,10 +6,11 @@
 // exact_expf (core/exp.hpp) of every element minus it, a sequential double sum in column order,
 // each element times the float reciprocal of the sum. The result is fixed by those steps; the
 // schedule is not:
-// - exact_expf runs 8 lanes at a time on AVX-512 and 4 on AVX2: the same double operations in the
-//   same order, products rounded on their own (embedded-rounding multiplies on AVX-512, which no
-//   compiler fuses into an FMA; a function compiled without FMA on AVX2), the table read by
-//   permutes (AVX-512) or a gather (AVX2); so each lane equals exact_expf bit for bit;
+// - exact_expf runs 16 lanes at a time on AVX-512 (two halves of 8 doubles) and 4 on AVX2: the
+//   same double operations in the same order, products rounded on their own (embedded-rounding
+//   multiplies on AVX-512, which no compiler fuses into an FMA; a function compiled without FMA
+//   on AVX2), the table read by permutes (AVX-512) or a gather (AVX2); so each lane equals
+//   exact_expf bit for bit;
 // - each row's maximum comes from eight running maxima (the same value: a maximum does not depend
 //   on the order it is taken in, and softmax's NaN-first and signed-zero cases give the same
 //   exponentials);
