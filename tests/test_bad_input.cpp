@@ -1116,3 +1116,45 @@ TEST_CASE("freekv.prefill: chunks of one request going backwards are rejected be
   REQUIRE_REJECTS_TIERED(t, m.prefill(0, empty), "keys.tokens");
   REQUIRE_NOTHROW(m.prefill(0, p8.chunk(0, 0)));
 }
+
+// The boundary checks' one-pass scan (detail::indices_within, run by validate_index_sets and the
+// attention's plan check) against its definition, element by element, on short segments of
+// extreme and ordinary values: in [0, n) and, when asked, strictly ascending.
+TEST_CASE("detail::indices_within equals the element-by-element definition", "[bad_input][segments]") {
+  const std::vector<std::int32_t> values{INT32_MIN, -2, -1, 0, 1, 2, 3, 6, 7, 8, INT32_MAX};
+  const auto definition = [](const std::vector<std::int32_t>& seg, int n, bool ascending) {
+    for (std::size_t i = 0; i < seg.size(); ++i) {
+      if (seg[i] < 0 || seg[i] >= n) return false;
+      if (ascending && i > 0 && seg[i] <= seg[i - 1]) return false;
+    }
+    return true;
+  };
+  int agreed = 0, accepted = 0;
+  std::vector<std::int32_t> seg;
+  for (std::size_t len = 0; len <= 3; ++len) {
+    std::size_t combos = 1;
+    for (std::size_t i = 0; i < len; ++i) combos *= values.size();
+    for (std::size_t c = 0; c < combos; ++c) {
+      seg.clear();
+      for (std::size_t i = 0, r = c; i < len; ++i, r /= values.size()) seg.push_back(values[r % values.size()]);
+      for (const int n : {0, 1, 7, INT32_MAX}) {
+        for (const bool ascending : {false, true}) {
+          const bool want = definition(seg, n, ascending);
+          REQUIRE(kvsift::detail::indices_within(seg, n, ascending) == want);
+          ++agreed;
+          accepted += want;
+        }
+      }
+    }
+  }
+  REQUIRE(accepted > 0);
+  REQUIRE(accepted < agreed);
+  // a long ascending run with one repeat near its end (past any vector width) is refused
+  std::vector<std::int32_t> run(100);
+  for (int i = 0; i < 100; ++i) run[i] = 3 * i;
+  REQUIRE(kvsift::detail::indices_within(run, 300, true));
+  REQUIRE_FALSE(kvsift::detail::indices_within(run, 297, true));
+  run[97] = run[96];
+  REQUIRE_FALSE(kvsift::detail::indices_within(run, 300, true));
+  REQUIRE(kvsift::detail::indices_within(run, 300, false));
+}

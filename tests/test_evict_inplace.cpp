@@ -557,12 +557,15 @@ TEMPLATE_TEST_CASE("stores: one-token releases on every page size keep slots, ro
         REQUIRE(s.value(seq, static_cast<int>(i))[3] == static_cast<float>(resident[i]));
         REQUIRE(seen[s.row(seq, static_cast<int>(i))]++ == 0);
       }
-      // the attention's address table: every slot (consecutive), a tail, and every other slot
+      // the attention's address table: every slot (consecutive), a tail, every other slot, and
+      // every slot but the second to last (one gap, at the end: not a consecutive run)
       const int len = s.length(seq);
       for (const int from : {0, len / 3}) {
-        for (const int stride : {1, 2}) {
+        for (const int stride : {1, 2, 0}) {
           std::vector<std::int32_t> slots;
-          for (int i = from; i < len; i += stride) slots.push_back(i);
+          for (int i = from; i < len; i += std::max(stride, 1)) {
+            if (stride != 0 || i != len - 2 || i == from) slots.push_back(i);
+          }
           std::vector<const float*> keys(slots.size()), values(slots.size());
           s.row_addresses(seq, slots, keys.data(), values.data());
           std::vector<std::int32_t> positions(slots.size());

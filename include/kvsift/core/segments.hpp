@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -79,6 +80,24 @@ struct segmented_view {
   int num_segments = 0;
 };
 
+namespace detail {
+// Whether every index is in [0, n) and, with `ascending`, each is above the one before: one pass
+// of unsigned arithmetic, no branch per index (the scan vectorises), for the checks at the API
+// boundary that run every step. A negative index is a large unsigned one; once every index is in
+// range, the difference of two neighbours minus one wraps past 2^31 exactly when they descend
+// or repeat.
+inline bool indices_within(std::span<const std::int32_t> seg, int n, bool ascending) {
+  const auto limit = static_cast<std::uint32_t>(std::max(n, 0));
+  std::uint32_t outside = 0, descent = 0;
+  for (std::size_t i = 0; i < seg.size(); ++i) outside |= static_cast<std::uint32_t>(seg[i]) >= limit;
+  if (outside != 0 || !ascending) return outside == 0;
+  for (std::size_t i = 1; i < seg.size(); ++i) {
+    descent |= static_cast<std::uint32_t>(seg[i]) - static_cast<std::uint32_t>(seg[i - 1]) - 1u;
+  }
+  return (descent >> 31) == 0;
+}
+}  // namespace detail
+
 // Checks that every segment of `sets` is strictly ascending and inside [0, limit(s)).
 template <class Limit>
 void validate_index_sets(const index_sets& sets, Limit&& limit, std::string_view where,
@@ -86,7 +105,8 @@ void validate_index_sets(const index_sets& sets, Limit&& limit, std::string_view
   for (int s = 0; s < sets.segments(); ++s) {
     const auto seg = sets[s];
     const int n = limit(s);
-    for (std::size_t i = 0; i < seg.size(); ++i) {
+    if (detail::indices_within(seg, n, true)) [[likely]] continue;
+    for (std::size_t i = 0; i < seg.size(); ++i) {  // name the first offender
       if (seg[i] < 0 || seg[i] >= n) {
         throw make_error(where, std::string(arg) + "[" + std::to_string(s) + "][" +
                                     std::to_string(i) + "]",
@@ -129,8 +149,19 @@ void validate_not_nan(const score_sets& scores, First&& first, Last&& last, std:
                       std::string_view arg) {
   for (int s = 0; s < scores.segments(); ++s) {
     const auto seg = scores[s];
+    const int b = std::max(first(s), 0);
     const int e = std::min(last(s), static_cast<int>(seg.size()));
-    for (int j = std::max(first(s), 0); j < e; ++j) {
+    // a NaN's magnitude bits exceed +inf's, so subtracting them from +inf's sets the top bit: one
+    // OR over the candidates, no branch per element (the scan vectorises); then the search for
+    // the first NaN, only when there is one
+    std::uint32_t borrow = 0;
+    for (int j = b; j < e; ++j) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &seg[j], sizeof bits);
+      borrow |= 0x7f800000u - (bits & 0x7fffffffu);
+    }
+    if ((borrow >> 31) == 0) [[likely]] continue;
+    for (int j = b; j < e; ++j) {
       if (std::isnan(seg[j])) [[unlikely]] {
         throw make_error(where, std::string(arg) + "[" + std::to_string(s) + "][" +
                                     std::to_string(j) + "]",

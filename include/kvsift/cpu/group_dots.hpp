@@ -176,8 +176,8 @@ void group_dots_rows(const float* q, int G, int d, std::size_t m, KeyAt&& key, f
       for (int b = 0; b < blocks; ++b) {
         const float* src = q + static_cast<std::size_t>(g) * d + 8 * b;
         float* dst = q2.data() + (static_cast<std::size_t>(g) * blocks + b) * 16;
-        std::copy(src, src + 8, dst);
-        std::copy(src, src + 8, dst + 8);
+        KVSIFT_UNROLL
+        for (int i = 0; i < 8; ++i) dst[i] = dst[i + 8] = src[i];  // inline: no call per block
       }
     }
     for (int g0 = 0; g0 < G; g0 += 4) {

@@ -135,17 +135,26 @@ inline void pool1d(std::span<const float> in, std::span<float> out, int kernel, 
   }
 }
 
-// Reduces G rows of n scores (row-major [G, n]) to one row.
+// Reduces G rows of n scores (row-major [G, n]) to one row: out[j] = rows[0][j] (+ or max)
+// rows[1][j] ... in row order, each column's fold in the same order as one accumulator would
+// run it; row by row over the whole width, so each pass is one vector loop.
 inline void reduce_group(std::span<const float> rows, int group, std::span<float> out,
                          gqa_reduce mode) {
   const std::size_t n = out.size();
-  for (std::size_t j = 0; j < n; ++j) {
-    float acc = rows[j];
-    for (int g = 1; g < group; ++g) {
-      const float v = rows[g * n + j];
-      acc = mode == gqa_reduce::max ? std::max(acc, v) : acc + v;
+  float* o = out.data();
+  const float* r = rows.data();
+  std::copy_n(r, n, o);
+  for (int g = 1; g < group; ++g) {
+    const float* v = r + static_cast<std::size_t>(g) * n;
+    if (mode == gqa_reduce::max) {
+      for (std::size_t j = 0; j < n; ++j) o[j] = std::max(o[j], v[j]);
+    } else {
+      for (std::size_t j = 0; j < n; ++j) o[j] += v[j];
     }
-    out[j] = mode == gqa_reduce::mean ? acc / static_cast<float>(group) : acc;
+  }
+  if (mode == gqa_reduce::mean) {
+    const auto gf = static_cast<float>(group);
+    for (std::size_t j = 0; j < n; ++j) o[j] /= gf;
   }
 }
 
