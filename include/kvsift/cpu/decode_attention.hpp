@@ -287,7 +287,7 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
                                            std::size_t m, ValueAt& value, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 8 : GC <= 4 ? 4 : 2;
   constexpr std::size_t kRowBlock = 16;
-  std::fill(out, out + static_cast<std::size_t>(GC) * d, 0.0f);
+  for (int c = 0; c < GC * d; c += 16) _mm512_storeu_ps(out + c, _mm512_setzero_ps());  // no memset call
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
@@ -623,11 +623,9 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
 template <Element T>
 void weighted_values_at(const float* w, int G, int d, std::size_t m, const T* const* vrow,
                         float* out) {
-  std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
-  if (m == 0) return;
 #if KVSIFT_HAVE_X86_SIMD_PATH
   const simd level = active_simd();
-  if (d % 16 == 0 && level == simd::avx512) {
+  if (m > 0 && d % 16 == 0 && level == simd::avx512) {  // its kernel zeroes each head's output
     auto value = [vrow](std::size_t j) { return vrow[j]; };
     const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};  // the weights are normalised: scale by 1
     for (int g0 = 0; g0 < G; g0 += 8) {
@@ -637,6 +635,10 @@ void weighted_values_at(const float* w, int G, int d, std::size_t m, const T* co
     }
     return;
   }
+#endif
+  std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
+  if (m == 0) return;
+#if KVSIFT_HAVE_X86_SIMD_PATH
   if (d % 8 == 0 && level >= simd::avx2) {
     for (int g0 = 0; g0 < G; g0 += 4) {
       detail::with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
