@@ -62,6 +62,25 @@ TEST_CASE("select::page_topk rejects non-finite page scores when check_finite is
   REQUIRE_THROWS_WITH(checked.select(scores, budgets, kept), ContainsSubstring("scores[0][3]"));
 }
 
+// Floats of every exponent and sign, each with the mantissa edges 0, 1, the quiet bit and all
+// ones: zeros, subnormals, normals, both infinities and the smallest and largest NaN payloads.
+namespace {
+std::vector<float> edge_floats() {
+  std::vector<float> out;
+  for (std::uint32_t sign : {0u, 0x80000000u}) {
+    for (std::uint32_t exponent = 0; exponent < 256; ++exponent) {
+      for (std::uint32_t mantissa : {0u, 1u, 0x400000u, 0x7fffffu}) {
+        const std::uint32_t bits = sign | (exponent << 23) | mantissa;
+        float x;
+        std::memcpy(&x, &bits, sizeof x);
+        out.push_back(x);
+      }
+    }
+  }
+  return out;
+}
+}  // namespace
+
 // The lifecycle's input check (detail::all_finite, a carry out of the exponent field) agrees with
 // std::isfinite on every half and bfloat16 pattern and on floats of every exponent, sign and
 // mantissa edge, alone and at any place of a row of finite values.
@@ -73,19 +92,12 @@ TEST_CASE("detail::all_finite agrees with std::isfinite bit pattern by bit patte
     REQUIRE(kvsift::detail::all_finite(&h, 1) == std::isfinite(static_cast<float>(h)));
   }
   std::vector<float> row(37, 1.0f);
-  for (std::uint32_t sign : {0u, 0x80000000u}) {
-    for (std::uint32_t exponent = 0; exponent < 256; ++exponent) {
-      for (std::uint32_t mantissa : {0u, 1u, 0x400000u, 0x7fffffu}) {
-        const std::uint32_t bits = sign | (exponent << 23) | mantissa;
-        float x;
-        std::memcpy(&x, &bits, sizeof x);
-        REQUIRE(kvsift::detail::all_finite(&x, 1) == std::isfinite(x));
-        for (std::size_t at : {std::size_t{0}, std::size_t{17}, row.size() - 1}) {
-          row[at] = x;
-          REQUIRE(kvsift::detail::all_finite(row.data(), static_cast<int>(row.size())) == std::isfinite(x));
-          row[at] = 1.0f;
-        }
-      }
+  for (const float x : edge_floats()) {
+    REQUIRE(kvsift::detail::all_finite(&x, 1) == std::isfinite(x));
+    for (std::size_t at : {std::size_t{0}, std::size_t{17}, row.size() - 1}) {
+      row[at] = x;
+      REQUIRE(kvsift::detail::all_finite(row.data(), static_cast<int>(row.size())) == std::isfinite(x));
+      row[at] = 1.0f;
     }
   }
 }
@@ -100,23 +112,16 @@ TEST_CASE("validate_not_nan rejects exactly the NaN candidates, whatever their b
   scores.push_back(std::vector<float>(11, 0.5f));
   const auto first = [](int s) { return s == 0 ? 0 : 2; };
   const auto last = [](int s) { return s == 0 ? 5 : 9; };  // segment 1: [2, 9) of 11
-  for (std::uint32_t sign : {0u, 0x80000000u}) {
-    for (std::uint32_t exponent = 0; exponent < 256; ++exponent) {
-      for (std::uint32_t mantissa : {0u, 1u, 0x400000u, 0x7fffffu}) {
-        const std::uint32_t bits = sign | (exponent << 23) | mantissa;
-        float x;
-        std::memcpy(&x, &bits, sizeof x);
-        for (int at : {1, 2, 8, 9}) {
-          scores.values[5 + at] = x;
-          if (std::isnan(x) && at >= 2 && at < 9) {
-            REQUIRE_THROWS_WITH(kvsift::validate_not_nan(scores, first, last, "where", "scores"),
-                                ContainsSubstring("scores[1][" + std::to_string(at) + "]"));
-          } else {
-            REQUIRE_NOTHROW(kvsift::validate_not_nan(scores, first, last, "where", "scores"));
-          }
-          scores.values[5 + at] = 0.5f;
-        }
+  for (const float x : edge_floats()) {
+    for (int at : {1, 2, 8, 9}) {
+      scores.values[5 + at] = x;
+      if (std::isnan(x) && at >= 2 && at < 9) {
+        REQUIRE_THROWS_WITH(kvsift::validate_not_nan(scores, first, last, "where", "scores"),
+                            ContainsSubstring("scores[1][" + std::to_string(at) + "]"));
+      } else {
+        REQUIRE_NOTHROW(kvsift::validate_not_nan(scores, first, last, "where", "scores"));
       }
+      scores.values[5 + at] = 0.5f;
     }
   }
 }
