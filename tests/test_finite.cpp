@@ -103,10 +103,11 @@ TEST_CASE("detail::all_finite agrees with std::isfinite bit pattern by bit patte
 }
 
 // validate_not_nan (every top-k selector's check) rejects exactly the NaNs among the candidates
-// [first, last) of each segment, naming the first one: every exponent and sign with mantissa
+// [first, last) of each segment, naming the first one, and validate_finite (check_finite) exactly
+// the NaNs and infinities: every exponent and sign with mantissa
 // edges (the smallest and largest NaN payloads, both infinities), at either end of the range and
 // just outside it.
-TEST_CASE("validate_not_nan rejects exactly the NaN candidates, whatever their bits", "[bad_input][nonfinite]") {
+TEST_CASE("validate_not_nan and validate_finite reject exactly the NaN / non-finite candidates, whatever their bits", "[bad_input][nonfinite]") {
   kvsift::score_sets scores;
   scores.push_back(std::vector<float>(5, 0.25f));
   scores.push_back(std::vector<float>(11, 0.5f));
@@ -120,6 +121,12 @@ TEST_CASE("validate_not_nan rejects exactly the NaN candidates, whatever their b
                             ContainsSubstring("scores[1][" + std::to_string(at) + "]"));
       } else {
         REQUIRE_NOTHROW(kvsift::validate_not_nan(scores, first, last, "where", "scores"));
+      }
+      if (!std::isfinite(x) && at >= 2 && at < 9) {  // check_finite's validate_finite: NaN and +-inf
+        REQUIRE_THROWS_WITH(kvsift::validate_finite(scores, first, last, "where", "scores"),
+                            ContainsSubstring("scores[1][" + std::to_string(at) + "]"));
+      } else {
+        REQUIRE_NOTHROW(kvsift::validate_finite(scores, first, last, "where", "scores"));
       }
       scores.values[5 + at] = 0.5f;
     }

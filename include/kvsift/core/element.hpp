@@ -113,6 +113,35 @@ template <class T>
 concept Element = std::is_same_v<T, float> || std::is_same_v<T, half> ||
                   std::is_same_v<T, bfloat16>;
 
+namespace detail {
+// Whether row[0, n) holds only finite numbers, from the bits: a value is NaN or infinite exactly
+// when its exponent field is all ones, and then adding the exponent's lowest bit to the field
+// carries into the sign bit. One OR over every element's carry, no branch and no compare: the
+// scan vectorises on any x86-64. The boundary checks run it on every step (method/lifecycle.hpp,
+// validate_finite) before searching element by element only to name an offender.
+template <class T>
+bool all_finite(const T* row, int n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::uint32_t carry = 0;
+    for (int j = 0; j < n; ++j) carry |= (float_bits(row[j]) & 0x7f800000u) + 0x00800000u;
+    return (carry & 0x80000000u) == 0;
+  } else {  // half (exponent 0x7c00) or bfloat16 (0x7f80): the 16-bit pattern
+    constexpr std::uint16_t exponent = std::is_same_v<T, half> ? 0x7c00u : 0x7f80u;
+    constexpr std::uint16_t lowest = exponent & -exponent;
+    std::uint16_t carry = 0;
+    for (int j = 0; j < n; ++j) carry |= static_cast<std::uint16_t>((row[j].bits & exponent) + lowest);
+    return (carry & 0x8000u) == 0;
+  }
+}
+// Whether row[0, n) holds a NaN, from the bits: a NaN's magnitude bits exceed +inf's, so
+// subtracting them from +inf's borrows into the top bit. One OR, no branch per element.
+inline bool any_nan(const float* row, int n) {
+  std::uint32_t borrow = 0;
+  for (int j = 0; j < n; ++j) borrow |= 0x7f800000u - (float_bits(row[j]) & 0x7fffffffu);
+  return (borrow >> 31) != 0;
+}
+}  // namespace detail
+
 template <Element T>
 KVSIFT_HOST_DEVICE inline float to_float(T x) {
   return static_cast<float>(x);

@@ -6,12 +6,12 @@
 // One segment is one head-sequence (request x layer x KV head) or, for page-level data, the
 // pages of one head-sequence. This is exactly the input of CUB's segmented algorithms.
 
+#include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -129,7 +129,9 @@ void validate_finite(const score_sets& scores, First&& first, Last&& last, std::
                      std::string_view arg) {
   for (int s = 0; s < scores.segments(); ++s) {
     const auto seg = scores[s];
-    for (int j = first(s); j < last(s); ++j) {
+    const int b = first(s), e = last(s);
+    if (e <= b || detail::all_finite(seg.data() + b, e - b)) [[likely]] continue;
+    for (int j = b; j < e; ++j) {  // name the first offender
       if (!std::isfinite(seg[j])) {
         throw make_error(where, std::string(arg) + "[" + std::to_string(s) + "][" +
                                     std::to_string(j) + "]",
@@ -151,17 +153,8 @@ void validate_not_nan(const score_sets& scores, First&& first, Last&& last, std:
     const auto seg = scores[s];
     const int b = std::max(first(s), 0);
     const int e = std::min(last(s), static_cast<int>(seg.size()));
-    // a NaN's magnitude bits exceed +inf's, so subtracting them from +inf's sets the top bit: one
-    // OR over the candidates, no branch per element (the scan vectorises); then the search for
-    // the first NaN, only when there is one
-    std::uint32_t borrow = 0;
-    for (int j = b; j < e; ++j) {
-      std::uint32_t bits;
-      std::memcpy(&bits, &seg[j], sizeof bits);
-      borrow |= 0x7f800000u - (bits & 0x7fffffffu);
-    }
-    if ((borrow >> 31) == 0) [[likely]] continue;
-    for (int j = b; j < e; ++j) {
+    if (e <= b || !detail::any_nan(seg.data() + b, e - b)) [[likely]] continue;
+    for (int j = b; j < e; ++j) {  // name the first NaN
       if (std::isnan(seg[j])) [[unlikely]] {
         throw make_error(where, std::string(arg) + "[" + std::to_string(s) + "][" +
                                     std::to_string(j) + "]",

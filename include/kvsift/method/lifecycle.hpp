@@ -18,7 +18,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <vector>
 
 namespace kvsift {
@@ -76,24 +75,6 @@ struct attention_plan {
 // selectors reject NaN scores too, but by then the token would be in the store). One pass over
 // what the call hands over, the same order as copying it.
 namespace detail {
-// Whether row[0, n) holds only finite numbers, from the bits: a value is NaN or infinite exactly
-// when its exponent field is all ones, and then adding the exponent's lowest bit to the field
-// carries into the sign bit. One OR over every element's carry, no branch and no compare: the
-// scan vectorises on any x86-64 and costs a fraction of the copy it guards.
-template <class T>
-bool all_finite(const T* row, int n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::uint32_t carry = 0;
-    for (int j = 0; j < n; ++j) carry |= (float_bits(row[j]) & 0x7f800000u) + 0x00800000u;
-    return (carry & 0x80000000u) == 0;
-  } else {  // half (exponent 0x7c00) or bfloat16 (0x7f80): the 16-bit pattern
-    constexpr std::uint16_t exponent = std::is_same_v<T, half> ? 0x7c00u : 0x7f80u;
-    constexpr std::uint16_t lowest = exponent & -exponent;
-    std::uint16_t carry = 0;
-    for (int j = 0; j < n; ++j) carry |= static_cast<std::uint16_t>((row[j].bits & exponent) + lowest);
-    return (carry & 0x8000u) == 0;
-  }
-}
 template <class T>
 void require_finite_row(std::string_view where, std::string_view arg, const T* row, int n) {
   if (all_finite(row, n)) [[likely]] return;
