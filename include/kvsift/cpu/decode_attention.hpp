@@ -113,9 +113,9 @@ template <auto Hint = _MM_HINT_T0, Element T>
 // loop over the span's lines, otherwise a loop per row: the same lines either way (a prefetch
 // never faults), in fewer instructions than a loop per row. Measured against the loop per row
 // (docs/performance.md, "2026-11-28, fourth session"): one core, 32K rows in pages of 16
-// scattered through the pool, bf16 790-855 -> 607 us, f32 1650-1815 -> 1485-1690 us; rows in L2
-// (bf16 1024, f32 256) 61 -> 61.5 and 47 -> 54.5 G multiply-adds/s. (The near prefetches stay a
-// row at a time: the span loop for them too measured slower from memory.)
+// scattered through the pool, bf16 761-820 -> 599-693 us, f32 1371-1700 -> 1240-1389 us; f32
+// rows in L2 44-47 -> 50-52 G multiply-adds/s. (The near prefetches stay a row at a time: the
+// span loop for them too measured slower from memory.)
 template <Element T, class RowAt>
 [[gnu::always_inline]] inline void prefetch_rows_far(RowAt& row, std::size_t j0, std::size_t j1, int d) {
   if (j0 >= j1) return;
