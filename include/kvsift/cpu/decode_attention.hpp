@@ -84,16 +84,16 @@ void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&&
 constexpr int kPrefetchRows = 16;
 constexpr int kFarRows = 64;
 
-// Every 64-byte line of a row, with the hint: _MM_HINT_T0 (into L1) for the rows kPrefetchRows
-// ahead, a row at a time.
+// Every 64-byte line of a row into L1 (_MM_HINT_T0), for the rows kPrefetchRows ahead, a row at
+// a time.
 // The prefetch helpers are forced inline: GCC 12's IPA pure-const analysis takes a function whose
 // body only prefetches for one without effects and deletes its calls (it did so to a first
 // version of prefetch_rows_far), so the prefetches must sit in the kernel's own body.
-template <auto Hint = _MM_HINT_T0, Element T>
+template <Element T>
 [[gnu::always_inline]] inline void prefetch_row(const T* p, int d) {
   const char* b = reinterpret_cast<const char*>(p);
   const int bytes = d * static_cast<int>(sizeof(T));
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + o, Hint);
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + o, _MM_HINT_T0);
 }
 
 // Every 64-byte line of [b, e) into L2 (_MM_HINT_T2), four lines per loop step. Written over
