@@ -8,8 +8,9 @@
 //   host pass and non-x86 builds take);
 // - avx512: AVX-512F + F16C intrinsics in functions compiled for that ISA
 //   (`__attribute__((target))`), chosen at run time when the CPU has them, so a binary built for
-//   generic x86-64 still uses 16-lane FMAs, one-instruction bf16/f16 -> f32 conversion and a
-//   vectorised exp. Needs head_dim % 16 == 0; other shapes take the next path down.
+//   generic x86-64 still uses 16-lane FMAs, one-instruction f16 -> f32 conversion, bf16 as
+//   even/odd channel pairs (load_slot) and a vectorised exp. Needs head_dim % 16 == 0; other
+//   shapes take the next path down.
 // - avx2: the same kernels on 8 lanes (AVX2 + FMA + F16C: every x86-64 server CPU since 2013),
 //   blocked for 16 vector registers (tiles of at most 4 query heads, logits two heads x four rows
 //   at a time). Needs head_dim % 8 == 0.
@@ -146,6 +147,52 @@ KVSIFT_TARGET_AVX512 inline __m512 load16(const T* p) {
   }
 }
 
+// A row as 16-lane slots of floats. Paired (bf16 with head_dim % 32 == 0): one 64-byte load
+// holds 32 channels, channel 2i in dword i's low half and 2i + 1 in its high half, so slot 2k is
+// chunk k's even channels (a shift left by 16) and slot 2k + 1 its odd ones (an AND): one load and
+// one ALU operation per 16 channels instead of a widening load (two operations on this CPU) and
+// a shift. The query and the output are kept in the same slot order (to_paired_order), so the dot
+// products sum the same products in another order. Otherwise slot s is channels [16s, 16s + 16).
+// Measured one core, one GQA group (docs/cpu-runs/2026-11-29/kernels.txt): bf16 32K rows in
+// scattered pages median 757 -> 652 us, in L2 17.6 -> 17.3 us.
+template <bool Paired>
+constexpr int slots_per_load = Paired ? 2 : 1;
+
+// f.template operator()<Paired>(), Paired for bf16 rows with head_dim % 32 == 0.
+template <Element T, class F>
+void with_pairing(int d, F&& f) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (d % 32 == 0) return f.template operator()<true>();
+  }
+  f.template operator()<false>();
+}
+
+// Slot `s` (< slots_per_load) of the slots loaded at p.
+template <Element T, bool Paired>
+KVSIFT_TARGET_AVX512 inline __m512 load_slot(const T* p, int s) {
+  if constexpr (Paired) {
+    static_assert(std::is_same_v<T, bfloat16>);
+    const __m512i x = _mm512_loadu_si512(p);
+    return _mm512_castsi512_ps(
+        s == 0 ? _mm512_slli_epi32(x, 16)
+               : _mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  } else {
+    return load16(p);
+  }
+}
+
+// y = x in the slot order of Paired rows, for each 32-channel chunk of a [rows, d] float array:
+// channels (0, 1, ..., 31) to (0, 2, ..., 30, 1, 3, ..., 31).
+KVSIFT_TARGET_AVX512 inline void to_paired_order(const float* x, float* y, int rows, int d) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int c = 0; c < rows * d; c += 32) {
+    const __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + c + 16);
+    _mm512_storeu_ps(y + c, _mm512_permutex2var_ps(a, even, b));
+    _mm512_storeu_ps(y + c + 16, _mm512_permutex2var_ps(a, odd, b));
+  }
+}
+
 // [sum(a), sum(b), sum(c), sum(d)]. (The maskz forms with a full mask are the plain
 // instructions; GCC 12's unmasked wrappers pass an undefined vector that -Wmaybe-uninitialized
 // reports at every use.)
@@ -179,24 +226,25 @@ KVSIFT_TARGET_AVX512 inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-// logits[g * ld + j + r] = scale * q_g . k[r] for four rows k[0..3] and GC <= 4 query heads:
-// 4 x GC independent accumulator chains (a row's 16-lane blocks are a chain of d / 16 dependent
-// FMAs; one row at a time leaves the FMA units waiting on that latency), and the four rows of a
-// head reduce together into four consecutive logits.
-template <int GC, Element T>
+// logits[g * ld + j + r] = scale * q_g . k[r] for four rows k[0..3] and GC <= 4 query heads (q in
+// the rows' slot order, load_slot): 4 x GC independent accumulator chains (a row's 16-lane slots
+// are a chain of d / 16 dependent FMAs; one row at a time leaves the FMA units waiting on that
+// latency), and the four rows of a head reduce together into four consecutive logits.
+template <int GC, Element T, bool Paired>
 KVSIFT_TARGET_AVX512 inline void logits_quad(const float* q, int d, const T* const* k, float scale,
                                              float* logits, std::size_t ld, std::size_t j) {
   static_assert(GC >= 1 && GC <= 4);
+  constexpr int S = slots_per_load<Paired>;
   __m512 acc[GC][4];
   KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
     KVSIFT_UNROLL
     for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_setzero_ps();
   }
-  for (int b = 0; b < d / 16; ++b) {
+  for (int b = 0; b < d / 16; ++b) {  // a pair's rows are loaded once per slot: no spills
     __m512 kv[4];
     KVSIFT_UNROLL
-    for (int r = 0; r < 4; ++r) kv[r] = load16(k[r] + 16 * b);
+    for (int r = 0; r < 4; ++r) kv[r] = load_slot<T, Paired>(k[r] + 16 * (b / S * S), b % S);
     KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) {
       const __m512 qv = _mm512_loadu_ps(q + g * d + 16 * b);
@@ -212,12 +260,13 @@ KVSIFT_TARGET_AVX512 inline void logits_quad(const float* q, int d, const T* con
   }
 }
 
-// logits[g * ld + j] = scale * q_g . key(j) for the GC <= 8 query heads q [GC, d]: rows in fours
-// (each row converted once per four heads), the last m % 4 one by one.
-template <int GC, Element T, class KeyAt>
+// logits[g * ld + j] = scale * q_g . key(j) for the GC <= 8 query heads q [GC, d] (in the rows'
+// slot order): rows in fours (each row converted once per four heads), the last m % 4 one by one.
+template <int GC, Element T, bool Paired, class KeyAt>
 KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, KeyAt& key,
                                        float scale, float* logits, std::size_t ld) {
   static_assert(GC >= 1 && GC <= 8);
+  constexpr int S = slots_per_load<Paired>;
   std::size_t j = 0;
   for (; j + 4 <= m; j += 4) {
     for (std::size_t p = j + kPrefetchRows; p < std::min(m, j + kPrefetchRows + 4); ++p) {
@@ -225,8 +274,10 @@ KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, Key
     }
     prefetch_rows_far<T>(key, j + kFarRows, std::min(m, j + kFarRows + 4), d);
     const T* k[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
-    logits_quad<(GC < 4 ? GC : 4), T>(q, d, k, scale, logits, ld, j);
-    if constexpr (GC > 4) logits_quad<GC - 4, T>(q + 4 * d, d, k, scale, logits + 4 * ld, ld, j);
+    logits_quad<(GC < 4 ? GC : 4), T, Paired>(q, d, k, scale, logits, ld, j);
+    if constexpr (GC > 4) {
+      logits_quad<GC - 4, T, Paired>(q + 4 * d, d, k, scale, logits + 4 * ld, ld, j);
+    }
   }
   for (; j < m; ++j) {
     const T* k = key(j);
@@ -234,7 +285,7 @@ KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, Key
     KVSIFT_UNROLL
     for (int g = 0; g < 8; ++g) acc[g] = _mm512_setzero_ps();
     for (int b = 0; b < d / 16; ++b) {
-      const __m512 kv = load16(k + 16 * b);
+      const __m512 kv = load_slot<T, Paired>(k + 16 * (b / S * S), b % S);
       KVSIFT_UNROLL
       for (int g = 0; g < GC; ++g) {
         acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * d + 16 * b), kv, acc[g]);
@@ -275,15 +326,16 @@ KVSIFT_TARGET_AVX512 inline float exp_row(float* x, std::size_t m) {
 }
 
 // out[g, c0 .. c0 + 16 CT) += sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads
-// and j0 < j1, the accumulators in registers across the rows: a row loop that runs at least once,
-// with no branch in it (the caller prefetches), over accumulators that start from `out` (the
-// caller zeroes it); otherwise GCC 12 stores every accumulator on every row (avx2::
-// accumulate_block, the same kernel, was measured both ways).
-template <int GC, int CT, Element T, class ValueAt>
+// and j0 < j1 (out in the rows' slot order, load_slot), the accumulators in registers across the
+// rows: a row loop that runs at least once, with no branch in it (the caller prefetches), over
+// accumulators that start from `out` (the caller zeroes it); otherwise GCC 12 stores every
+// accumulator on every row (avx2::accumulate_block, the same kernel, was measured both ways).
+template <int GC, int CT, Element T, bool Paired, class ValueAt>
 KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
                                            std::size_t j0, std::size_t j1, ValueAt& value,
                                            float* out) {
-  static_assert(GC * CT <= 16);
+  constexpr int S = slots_per_load<Paired>;
+  static_assert(GC * CT <= 16 && CT % S == 0);
   __m512 acc[GC][CT];
   KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
@@ -295,7 +347,7 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
     const T* v = value(j) + c0;
     __m512 vv[CT];
     KVSIFT_UNROLL
-    for (int t = 0; t < CT; ++t) vv[t] = load16(v + 16 * t);
+    for (int t = 0; t < CT; ++t) vv[t] = load_slot<T, Paired>(v + 16 * (t / S * S), t % S);
     KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) {
       const __m512 wg = _mm512_set1_ps(w[g * ld + j]);
@@ -311,13 +363,15 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
 }
 
 // out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads. Channel tiles of as many
-// 16-lane blocks as fit 16 accumulators; rows in blocks of kRowBlock, every tile of a block
+// 16-lane slots as fit 16 accumulators; rows in blocks of kRowBlock, every tile of a block
 // before the next block, so a V row comes from memory once (the later tiles find it in L1); the
-// next block's rows are prefetched before a block starts.
-template <int GC, Element T, class ValueAt>
+// next block's rows are prefetched before a block starts. Paired rows accumulate in slot order,
+// put back in channel order by the final scaling.
+template <int GC, Element T, bool Paired, class ValueAt>
 KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
                                            std::size_t m, ValueAt& value, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 8 : GC <= 4 ? 4 : 2;
+  constexpr int S = slots_per_load<Paired>;
   constexpr std::size_t kRowBlock = 16;
   for (int c = 0; c < GC * d; c += 16) _mm512_storeu_ps(out + c, _mm512_setzero_ps());  // no memset call
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
@@ -327,23 +381,34 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
     prefetch_rows_far<T>(value, j1 + kFarRows, std::min(m, j1 + kFarRows + kRowBlock), d);
     int c0 = 0;
     for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
-      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, value, out);
+      accumulate_block<GC, kTile, T, Paired>(w, ld, c0, d, j0, j1, value, out);
     }
-    for (; c0 < d; c0 += 16) {
-      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, value, out);
+    for (; c0 < d; c0 += 16 * S) {
+      accumulate_block<GC, S, T, Paired>(w, ld, c0, d, j0, j1, value, out);
     }
   }
   KVSIFT_UNROLL
   for (int g = 0; g < GC; ++g) {
     const __m512 s = _mm512_set1_ps(inv[g]);
-    for (int c = 0; c < d; c += 16) {
-      _mm512_storeu_ps(out + g * d + c, _mm512_mul_ps(_mm512_loadu_ps(out + g * d + c), s));
+    float* o = out + g * d;
+    if constexpr (Paired) {  // slots (even, odd) of each 32 channels back to channel order
+      const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+      const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+      for (int c = 0; c < d; c += 32) {
+        const __m512 e = _mm512_mul_ps(_mm512_loadu_ps(o + c), s);
+        const __m512 od = _mm512_mul_ps(_mm512_loadu_ps(o + c + 16), s);
+        _mm512_storeu_ps(o + c, _mm512_permutex2var_ps(e, lo, od));
+        _mm512_storeu_ps(o + c + 16, _mm512_permutex2var_ps(e, hi, od));
+      }
+    } else {
+      for (int c = 0; c < d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), s));
     }
   }
 }
 
 // krow[j] / vrow[j]: row j's addresses, looked up once by the caller (the kernels and their
-// prefetches ask for each row several times).
+// prefetches ask for each row several times). bf16 rows with head_dim % 32 == 0 are Paired
+// (load_slot): the query is put in slot order once here.
 template <Element T>
 void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* krow,
                   const T* const* vrow, float* out, float scale, std::vector<float>& logits) {
@@ -351,19 +416,28 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
   auto value = [vrow](std::size_t j) { return vrow[j]; };
   logits.resize(static_cast<std::size_t>(G) * m);
   float* lg = logits.data();
-  for (int g0 = 0; g0 < G; g0 += 8) {
-    with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
-      logits_block<GC, T>(qg + g0 * d, d, m, key, scale, lg + g0 * m, m);
-    });
-  }
-  thread_local std::vector<float> inv;
-  inv.resize(static_cast<std::size_t>(G));
-  for (int g = 0; g < G; ++g) inv[g] = 1.0f / exp_row(lg + g * m, m);
-  for (int g0 = 0; g0 < G; g0 += 8) {
-    with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
-      accumulate_heads<GC, T>(lg + g0 * m, m, inv.data() + g0, d, m, value, out + g0 * d);
-    });
-  }
+  with_pairing<T>(d, [&]<bool Paired>() {
+    const float* q = qg;
+    if constexpr (Paired) {
+      thread_local std::vector<float> qs;
+      qs.resize(static_cast<std::size_t>(G) * d);
+      to_paired_order(qg, qs.data(), G, d);
+      q = qs.data();
+    }
+    for (int g0 = 0; g0 < G; g0 += 8) {
+      with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
+        logits_block<GC, T, Paired>(q + g0 * d, d, m, key, scale, lg + g0 * m, m);
+      });
+    }
+    thread_local std::vector<float> inv;
+    inv.resize(static_cast<std::size_t>(G));
+    for (int g = 0; g < G; ++g) inv[g] = 1.0f / exp_row(lg + g * m, m);
+    for (int g0 = 0; g0 < G; g0 += 8) {
+      with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
+        accumulate_heads<GC, T, Paired>(lg + g0 * m, m, inv.data() + g0, d, m, value, out + g0 * d);
+      });
+    }
+  });
 }
 
 }  // namespace avx512
@@ -654,11 +728,14 @@ void weighted_values_at(const float* w, int G, int d, std::size_t m, const T* co
   if (m > 0 && d % 16 == 0 && level == simd::avx512) {  // its kernel zeroes each head's output
     auto value = [vrow](std::size_t j) { return vrow[j]; };
     const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};  // the weights are normalised: scale by 1
-    for (int g0 = 0; g0 < G; g0 += 8) {
-      detail::with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
-        detail::avx512::accumulate_heads<GC, T>(w + g0 * m, m, ones, d, m, value, out + g0 * d);
-      });
-    }
+    detail::avx512::with_pairing<T>(d, [&]<bool Paired>() {
+      for (int g0 = 0; g0 < G; g0 += 8) {
+        detail::with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
+          detail::avx512::accumulate_heads<GC, T, Paired>(w + g0 * m, m, ones, d, m, value,
+                                                          out + g0 * d);
+        });
+      }
+    });
     return;
   }
 #endif
