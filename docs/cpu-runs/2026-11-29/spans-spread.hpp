@@ -1,3 +1,8 @@
+// An experiment, not shipped (docs/performance.md, 2026-11-29): the value pass of
+// include/kvsift/cpu/decode_attention.hpp (namespace detail::avx512) replaced by the functions
+// below, as measured in kernels.txt. It was written against an earlier form of the paired bf16
+// loads (load_slots: both slots of a pair from one call), since folded into load_slot.
+
 // out[g, c0 .. c0 + 16 CT) += sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads and
 // j0 < j1 (out in the rows' slot order), the accumulators in registers for the whole range.
 // Rows in blocks of kRowBlock, each block's loop with no branch in it and the prefetches between

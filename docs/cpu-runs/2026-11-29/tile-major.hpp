@@ -1,3 +1,8 @@
+// An experiment, not shipped (docs/performance.md, 2026-11-29): the value pass of
+// include/kvsift/cpu/decode_attention.hpp (namespace detail::avx512) replaced by the functions
+// below, as measured in kernels.txt. It was written against an earlier form of the paired bf16
+// loads (load_slots: both slots of a pair from one call), since folded into load_slot.
+
 // out[g, c0 .. c0 + 16 CT) = inv[g] * sum_j w[g * ld + j] value(j)[c0 ..] for GC heads over all
 // m > 0 rows (out in channel order; Paired rows accumulate in slot order, put back at the store):
 // the accumulators stay in registers for the whole pass over the tile's channels. Rows in blocks
@@ -17,17 +22,14 @@ KVSIFT_TARGET_AVX512 void accumulate_tile(const float* w, std::size_t ld, const 
     KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) acc[g][t] = _mm512_setzero_ps();
   }
-  const auto prefetch_tile = [&](std::size_t j, int hint) KVSIFT_ALWAYS_INLINE {
-    const char* b = reinterpret_cast<const char*>(value(j) + c0);
-    for (int o = 0; o < kTileBytes; o += 64) {
-      if (hint == 0) _mm_prefetch(b + o, _MM_HINT_T0); else _mm_prefetch(b + o, _MM_HINT_T2);
-    }
-  };
-  for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_tile(j, 0);
+  for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j) + c0, 16 * CT);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
-    for (std::size_t j = j1; j < std::min(m, j1 + kRowBlock); ++j) prefetch_tile(j, 0);
-    for (std::size_t j = j1 + kFarRows; j < std::min(m, j1 + kFarRows + kRowBlock); ++j) prefetch_tile(j, 2);
+    for (std::size_t j = j1; j < std::min(m, j1 + kRowBlock); ++j) prefetch_row(value(j) + c0, 16 * CT);
+    for (std::size_t j = j1 + kFarRows; j < std::min(m, j1 + kFarRows + kRowBlock); ++j) {
+      const char* b = reinterpret_cast<const char*>(value(j) + c0);
+      prefetch_span_far(b, b + kTileBytes);
+    }
     std::size_t j = j0;
     do {
       const T* v = value(j) + c0;
