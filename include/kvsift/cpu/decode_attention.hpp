@@ -149,12 +149,12 @@ KVSIFT_TARGET_AVX512 inline __m512 load16(const T* p) {
 
 // A row as 16-lane slots of floats. Paired (bf16 with head_dim % 32 == 0): one 64-byte load
 // holds 32 channels, channel 2i in dword i's low half and 2i + 1 in its high half, so slot 2k is
-// chunk k's even channels (a shift left by 16) and slot 2k + 1 its odd ones (an AND): one load and
-// one ALU operation per 16 channels instead of a widening load (two operations on this CPU) and
-// a shift. The query and the output are kept in the same slot order (to_paired_order), so the dot
-// products sum the same products in another order. Otherwise slot s is channels [16s, 16s + 16).
-// Measured one core, one GQA group (docs/cpu-runs/2026-11-29/kernels.txt): bf16 32K rows in
-// scattered pages median 757 -> 652 us, in L2 17.6 -> 17.3 us.
+// chunk k's even channels (a shift left by 16) and slot 2k + 1 its odd ones (an AND): half a load
+// and one ALU operation per 16 channels instead of a widening load (vpmovzxwd) and a shift. The
+// query and the output are kept in the same slot order (to_paired_order), so the dot products sum
+// the same products in another order. Otherwise slot s is channels [16s, 16s + 16). Measured on
+// one core, one GQA group (docs/cpu-runs/2026-11-29/kernels.txt): bf16 32K rows in scattered
+// pages median 652 -> 627 us; in L2 unchanged.
 template <bool Paired>
 constexpr int slots_per_load = Paired ? 2 : 1;
 
@@ -241,7 +241,9 @@ KVSIFT_TARGET_AVX512 inline void logits_quad(const float* q, int d, const T* con
     KVSIFT_UNROLL
     for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_setzero_ps();
   }
-  for (int b = 0; b < d / 16; ++b) {  // a pair's rows are loaded once per slot: no spills
+  // Paired: each slot loads its 64 bytes again (from L1); holding both slots of the four rows
+  // spilled registers.
+  for (int b = 0; b < d / 16; ++b) {
     __m512 kv[4];
     KVSIFT_UNROLL
     for (int r = 0; r < 4; ++r) kv[r] = load_slot<T, Paired>(k[r] + 16 * (b / S * S), b % S);
@@ -401,7 +403,9 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
         _mm512_storeu_ps(o + c + 16, _mm512_permutex2var_ps(e, hi, od));
       }
     } else {
-      for (int c = 0; c < d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), s));
+      for (int c = 0; c < d; c += 16) {
+        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), s));
+      }
     }
   }
 }
