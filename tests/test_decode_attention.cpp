@@ -122,20 +122,9 @@ TEMPLATE_TEST_CASE("decode attention of a GQA group: the portable path matches a
   require_close(c.run(), c.reference(), 2e-5, "portable " + where);
 }
 
-// A vector path against the double reference and the portable path, over the kernels' blocking.
-// Reported as skipped (not passed) on a CPU without that path.
+// One shape on a vector path against the double reference and the portable path.
 template <class T>
-void check_vector_path(cpu::simd level) {
-  if (cpu::detected_simd() < level) {
-    SKIP("this CPU has no " << cpu::simd_name(level) << " (that path cannot run here)");
-  }
-  const int G = GENERATE(1, 2, 3, 4, 5, 8, 12);
-  const int d = GENERATE(8, 12, 16, 20, 40, 64, 80, 128, 256);  // 12, 20: not multiples of 8
-  // 2049, 4099, 4500: several chunks of the AVX2 path's online softmax (a last chunk of one row,
-  // of three, of 404)
-  const std::size_t m = GENERATE(std::size_t{1}, std::size_t{5}, std::size_t{16}, std::size_t{17},
-                                 std::size_t{100}, std::size_t{1000}, std::size_t{2049},
-                                 std::size_t{4099}, std::size_t{4500});
+void check_shape(cpu::simd level, int G, int d, std::size_t m) {
   const group_case<T> c(G, d, m, static_cast<unsigned>(G * 1000 + d * 10 + m));
   const std::string where = std::string(cpu::simd_name(level)) + " G=" + std::to_string(G) +
                             " d=" + std::to_string(d) + " m=" + std::to_string(m);
@@ -152,6 +141,23 @@ void check_vector_path(cpu::simd level) {
   require_close(fast, portable, 2e-5, "vs portable " + where);
 }
 
+// A vector path against the double reference and the portable path, over the kernels' blocking.
+// Reported as skipped (not passed) on a CPU without that path.
+template <class T>
+void check_vector_path(cpu::simd level) {
+  if (cpu::detected_simd() < level) {
+    SKIP("this CPU has no " << cpu::simd_name(level) << " (that path cannot run here)");
+  }
+  const int G = GENERATE(1, 2, 3, 4, 5, 8, 12);
+  const int d = GENERATE(8, 12, 16, 20, 40, 64, 80, 128, 256);  // 12, 20: not multiples of 8
+  // 2049, 4099, 4500: several chunks of the AVX2 path's online softmax (a last chunk of one row,
+  // of three, of 404)
+  const std::size_t m = GENERATE(std::size_t{1}, std::size_t{5}, std::size_t{16}, std::size_t{17},
+                                 std::size_t{100}, std::size_t{1000}, std::size_t{2049},
+                                 std::size_t{4099}, std::size_t{4500});
+  check_shape<T>(level, G, d, m);
+}
+
 TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx2 path matches a double reference "
                    "and the portable path",
                    "[decode_attention][avx2]", float, half, bfloat16) {
@@ -162,6 +168,58 @@ TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx512 path matches a d
                    "and the portable path",
                    "[decode_attention][avx512]", float, half, bfloat16) {
   check_vector_path<TestType>(cpu::simd::avx512);
+}
+
+// The AVX-512 path reads bf16 rows with head_dim % 32 == 0 as even/odd channel pairs (the query
+// and the output in slot order): every head count of a chunk (GC 1-8), head_dims whose channel
+// tiles end in a tail of one pair (32, 96: a tile of 64 then 32; 160: 128 then 32), and every row
+// count mod 4 (the logits' quads and their tail). f32 and f16 run the same shapes unpaired.
+TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx512 path's tiles and tails, bf16 "
+                   "channel pairs among them",
+                   "[decode_attention][avx512]", float, half, bfloat16) {
+  if (cpu::detected_simd() < cpu::simd::avx512) SKIP("this CPU has no avx512");
+  const int G = GENERATE(1, 2, 3, 4, 5, 6, 7, 8);
+  const int d = GENERATE(32, 96, 160);
+  const std::size_t m = GENERATE(std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{18},
+                                 std::size_t{1001}, std::size_t{1002});
+  check_shape<TestType>(cpu::simd::avx512, G, d, m);
+}
+
+// weighted_values_at (the values half alone, for weights computed elsewhere) against a double
+// sum over the rows, on every path the CPU has: bf16 paired (d % 32 == 0) and not (d = 16, 80).
+TEMPLATE_TEST_CASE("weighted_values_at matches a double weighted sum on every path",
+                   "[decode_attention]", float, bfloat16) {
+  const int G = GENERATE(1, 3, 4, 6, 7, 8, 12);
+  const int d = GENERATE(16, 32, 80, 96, 128);
+  const std::size_t m = GENERATE(std::size_t{1}, std::size_t{6}, std::size_t{37}, std::size_t{530});
+  const group_case<TestType> c(G, d, m, static_cast<unsigned>(G * 977 + d * 13 + m));
+  std::mt19937 rng(static_cast<unsigned>(G + d + m));
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> w(static_cast<std::size_t>(G) * m);
+  for (int g = 0; g < G; ++g) {  // a distribution per head, as the probabilities are
+    float sum = 0.0f;
+    for (std::size_t j = 0; j < m; ++j) sum += (w[g * m + j] = u(rng));
+    for (std::size_t j = 0; j < m; ++j) w[g * m + j] /= sum;
+  }
+  std::vector<const TestType*> rows(m);
+  for (std::size_t j = 0; j < m; ++j) rows[j] = c.v.data() + c.order[j] * d;
+  std::vector<double> ref(static_cast<std::size_t>(G) * d, 0.0);
+  for (int g = 0; g < G; ++g) {
+    for (std::size_t j = 0; j < m; ++j) {
+      for (int cc = 0; cc < d; ++cc) {
+        ref[g * d + cc] += static_cast<double>(w[g * m + j]) * kvsift::to_float(rows[j][cc]);
+      }
+    }
+  }
+  for (const cpu::simd s : {cpu::simd::portable, cpu::simd::avx2, cpu::simd::avx512}) {
+    if (cpu::detected_simd() < s) continue;
+    const pin p(s);
+    std::vector<float> out(static_cast<std::size_t>(G) * d, -1.0f);
+    cpu::weighted_values_at<TestType>(w.data(), G, d, m, rows.data(), out.data());
+    require_close(out, ref, 2e-5,
+                  std::string(cpu::simd_name(s)) + " G=" + std::to_string(G) + " d=" +
+                      std::to_string(d) + " m=" + std::to_string(m));
+  }
 }
 
 TEST_CASE("decode attention over no rows writes zeros", "[decode_attention]") {

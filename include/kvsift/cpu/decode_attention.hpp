@@ -8,9 +8,9 @@
 //   host pass and non-x86 builds take);
 // - avx512: AVX-512F + F16C intrinsics in functions compiled for that ISA
 //   (`__attribute__((target))`), chosen at run time when the CPU has them, so a binary built for
-//   generic x86-64 still uses 16-lane FMAs, one-instruction f16 -> f32 conversion, bf16 as
-//   even/odd channel pairs (load_slot) and a vectorised exp. Needs head_dim % 16 == 0; other
-//   shapes take the next path down.
+//   generic x86-64 still uses 16-lane FMAs, one-instruction f16 -> f32 conversion, bf16 as even/odd
+//   channel pairs when head_dim % 32 == 0 (load_slot) and a vectorised exp. Needs a head_dim
+//   multiple of 16; other shapes take the next path down.
 // - avx2: the same kernels on 8 lanes (AVX2 + FMA + F16C: every x86-64 server CPU since 2013),
 //   blocked for 16 vector registers (tiles of at most 4 query heads, logits two heads x four rows
 //   at a time). Needs head_dim % 8 == 0.
@@ -147,14 +147,15 @@ KVSIFT_TARGET_AVX512 inline __m512 load16(const T* p) {
   }
 }
 
-// A row as 16-lane slots of floats. Paired (bf16 with head_dim % 32 == 0): one 64-byte load
-// holds 32 channels, channel 2i in dword i's low half and 2i + 1 in its high half, so slot 2k is
-// chunk k's even channels (a shift left by 16) and slot 2k + 1 its odd ones (an AND): half a load
-// and one ALU operation per 16 channels instead of a widening load (vpmovzxwd) and a shift. The
-// query and the output are kept in the same slot order (to_paired_order), so the dot products sum
-// the same products in another order. Otherwise slot s is channels [16s, 16s + 16). Measured on
-// one core, one GQA group (docs/cpu-runs/2026-11-29/kernels.txt): bf16 32K rows in scattered
-// pages median 652 -> 627 us; in L2 unchanged.
+// A row as 16-lane slots of floats. Paired (bf16 with head_dim % 32 == 0): one 64-byte load holds
+// 32 channels, channel 2i in dword i's low half and 2i + 1 in its high half, so slot 2k is chunk
+// k's even channels (a shift left by 16) and slot 2k + 1 its odd ones (an AND): one ALU operation
+// per 16 channels and one load per 32 in the value pass (the logits load it per slot) instead of a
+// widening load (vpmovzxwd) and a shift per 16. The query and the output are kept in the same slot
+// order (to_paired_order), so the dot products sum the same products in another order. Otherwise
+// slot s is channels [16s, 16s + 16). Measured on one core, one GQA group
+// (docs/cpu-runs/2026-11-29/kernels.txt): bf16 32K rows in scattered pages median 652 -> 627 us; in
+// L2 unchanged.
 template <bool Paired>
 constexpr int slots_per_load = Paired ? 2 : 1;
 
@@ -243,15 +244,18 @@ KVSIFT_TARGET_AVX512 inline void logits_quad(const float* q, int d, const T* con
   }
   // Paired: each slot loads its 64 bytes again (from L1); holding both slots of the four rows
   // spilled registers.
-  for (int b = 0; b < d / 16; ++b) {
-    __m512 kv[4];
+  for (int b = 0; b < d / 16; b += S) {
     KVSIFT_UNROLL
-    for (int r = 0; r < 4; ++r) kv[r] = load_slot<T, Paired>(k[r] + 16 * (b / S * S), b % S);
-    KVSIFT_UNROLL
-    for (int g = 0; g < GC; ++g) {
-      const __m512 qv = _mm512_loadu_ps(q + g * d + 16 * b);
+    for (int s = 0; s < S; ++s) {
+      __m512 kv[4];
       KVSIFT_UNROLL
-      for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_fmadd_ps(qv, kv[r], acc[g][r]);
+      for (int r = 0; r < 4; ++r) kv[r] = load_slot<T, Paired>(k[r] + 16 * b, s);
+      KVSIFT_UNROLL
+      for (int g = 0; g < GC; ++g) {
+        const __m512 qv = _mm512_loadu_ps(q + g * d + 16 * (b + s));
+        KVSIFT_UNROLL
+        for (int r = 0; r < 4; ++r) acc[g][r] = _mm512_fmadd_ps(qv, kv[r], acc[g][r]);
+      }
     }
   }
   const __m128 sc = _mm_set1_ps(scale);
@@ -286,11 +290,14 @@ KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, Key
     __m512 acc[8];
     KVSIFT_UNROLL
     for (int g = 0; g < 8; ++g) acc[g] = _mm512_setzero_ps();
-    for (int b = 0; b < d / 16; ++b) {
-      const __m512 kv = load_slot<T, Paired>(k + 16 * (b / S * S), b % S);
+    for (int b = 0; b < d / 16; b += S) {
       KVSIFT_UNROLL
-      for (int g = 0; g < GC; ++g) {
-        acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * d + 16 * b), kv, acc[g]);
+      for (int s = 0; s < S; ++s) {
+        const __m512 kv = load_slot<T, Paired>(k + 16 * b, s);
+        KVSIFT_UNROLL
+        for (int g = 0; g < GC; ++g) {
+          acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * d + 16 * (b + s)), kv, acc[g]);
+        }
       }
     }
     alignas(16) float s[8];
@@ -364,8 +371,8 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
   }
 }
 
-// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads. Channel tiles of as many
-// 16-lane slots as fit 16 accumulators; rows in blocks of kRowBlock, every tile of a block
+// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads. Channel tiles of kTile 16-lane
+// slots (GC x kTile <= 16 accumulators); rows in blocks of kRowBlock, every tile of a block
 // before the next block, so a V row comes from memory once (the later tiles find it in L1); the
 // next block's rows are prefetched before a block starts. Paired rows accumulate in slot order,
 // put back in channel order by the final scaling.
