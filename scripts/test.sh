@@ -10,25 +10,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
+# Each step's wall time, so a slow CI run says where its minutes went.
+step_start=$SECONDS
+step() {
+  echo "== [$((SECONDS - step_start)) s] $*"
+  step_start=$SECONDS
+}
 
 bash scripts/setup.sh
 
-echo "== release build and tests"
+step "setup done; release build and tests"
 cmake --preset release
 cmake --build --preset release -j "$JOBS"
+step "release built; its tests"
 ctest --preset release -j "$JOBS"
 
-echo "== sanitizer build (clang++, ASan + UBSan) and tests"
+step "release done; sanitizer build (clang++, ASan + UBSan) and tests"
 cmake --preset sanitize
 cmake --build --preset sanitize -j "$JOBS"
+step "sanitizer build done; its tests"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset sanitize -j "$JOBS" -LE compile_fail
 
-echo "== fuzzing (clang libFuzzer + ASan + UBSan, KVSIFT_FUZZ_SECONDS=${KVSIFT_FUZZ_SECONDS:-60} s per target)"
+step "sanitizer done; fuzzing (clang libFuzzer + ASan + UBSan, KVSIFT_FUZZ_SECONDS=${KVSIFT_FUZZ_SECONDS:-60} s per target)"
 cmake --preset fuzz -DKVSIFT_FUZZ_SECONDS="${KVSIFT_FUZZ_SECONDS:-60}"
 cmake --build --preset fuzz -j "$JOBS"
 ctest --test-dir build/fuzz -L fuzz --output-on-failure
 
-echo "== installed package consumer"
+step "fuzzing done; installed package consumer"
 rm -rf build/install build/consumer
 cmake --install build/release --prefix build/install
 cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/install"
@@ -36,11 +44,12 @@ cmake --build build/consumer -j "$JOBS"
 ./build/consumer/kvsift_consumer
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then
-  echo "== CUDA backend (nvcc, sm_80 + sm_90)"
+  step "consumer done; CUDA backend (nvcc, sm_80 + sm_90)"
   cmake --preset cuda
   cmake --build --preset cuda -j "$JOBS"
+  step "CUDA built; its tests"
   ctest --test-dir build/cuda -L cuda --output-on-failure
 else
   echo "== CUDA backend skipped: no nvcc at /usr/local/cuda/bin/nvcc"
 fi
-echo "== all tests passed"
+step "all tests passed (${SECONDS} s in all)"
