@@ -1,10 +1,11 @@
 // A flat read of SIZE_KB (2 MiB-aligned, advised as huge pages) with K FMAs per 16 floats read
 // (K = 0: plain adds), into 4 to 16 accumulators, one thread: how one core's read rate from
 // DRAM combines with arithmetic. Build and run:
-//   g++ -O2 -mavx512f -mfma -DPFH=_MM_HINT_T0 read-and-fma.cpp -o rf     # PF > 0: prefetch PF bytes ahead
-//   g++ -O2 -mavx512f -mfma -DPFH=_MM_HINT_T0 -DTOUCH read-and-fma.cpp -o rt  # PF > 0: a scalar load
+//   g++ -O3 -mavx512f -mfma -DPFH=_MM_HINT_T0 read-and-fma.cpp -o rf     # PF > 0: prefetch PF bytes ahead
+//   g++ -O3 -mavx512f -mfma -DPFH=_MM_HINT_T0 -DTOUCH read-and-fma.cpp -o rt  # PF > 0: a scalar load
 //        PF bytes ahead instead (env PF2=N adds a T2 prefetch N bytes ahead)
 //   ./rf SIZE_KB K PF          (env FILL=byte fills the array, NOHUGE=1 advises small pages)
+// Build at -O3: at -O2 GCC 12 keeps the accumulators in a stack array (results.txt section 8b).
 #include <immintrin.h>
 #include <chrono>
 #include <cstdio>
