@@ -1,5 +1,6 @@
 // A flat sum over SIZE MB (2 MiB-aligned, advised as huge pages), 8 zmm accumulators, one thread,
-// optionally prefetching PF bytes ahead (T0). g++ -O2 -mavx512f flat-read.cpp; ./flat-read SIZE PF
+// optionally prefetching PF bytes ahead (T0). g++ -O3 -mavx512f flat-read.cpp; ./flat-read SIZE PF
+// (results.txt section 4 was a -O2 build, whose accumulators GCC 12 kept in a stack array.)
 #include <immintrin.h>
 #include <chrono>
 #include <cstdio>

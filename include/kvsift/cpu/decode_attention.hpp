@@ -117,7 +117,8 @@ template <Element T>
 // scattered through the pool (largely from L3 on that VM), bf16 761-820 -> 599-693 us, f32
 // 1371-1700 -> 1240-1389 us; f32 rows in L2 44-47 -> 50-52 G multiply-adds/s. (The near
 // prefetches stay a row at a time: the span loop for them too measured slower there.) From DRAM,
-// dropping either prefetch costs 1.1-2.5x (docs/cpu-runs/2026-11-29b).
+// dropping the near or the far prefetches costs 1.1-1.4x, both 1.5-2.5x
+// (docs/cpu-runs/2026-11-29b).
 template <Element T, class RowAt>
 [[gnu::always_inline]] inline void prefetch_rows_far(RowAt& row, std::size_t j0, std::size_t j1, int d) {
   if (j0 >= j1) return;
@@ -157,7 +158,8 @@ KVSIFT_TARGET_AVX512 inline __m512 load16(const T* p) {
 // slot s is channels [16s, 16s + 16). Measured on one core, one GQA group
 // (docs/cpu-runs/2026-11-29/kernels.txt): bf16 32K rows in scattered pages (16.8 MB: from L3 on
 // that VM) median 652 -> 627 us; in L2 unchanged; from DRAM (docs/cpu-runs/2026-11-29b) 512K rows
-// in scattered pages 20.3 -> 18.9 ms, 1M contiguous rows 31.6 -> 33.0 ms (within the noise).
+// in scattered pages 20.3 -> 18.9 ms, 1M contiguous rows 31.6 -> 33.0 ms (the latter within the
+// noise).
 template <bool Paired>
 constexpr int slots_per_load = Paired ? 2 : 1;
 
