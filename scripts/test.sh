@@ -3,7 +3,8 @@
 # The whole test suite, as CI runs it on a fresh Debian bookworm machine:
 #   1. setup (scripts/setup.sh)
 #   2. release build: unit/law tests, conformance vectors, Thrust parity (CPP + OMP), compile-fail
-#   3. sanitizer build (clang++ -O1, ASan + UBSan): the same tests; fuzz targets (clang libFuzzer, fuzz/)
+#   3. sanitizer build (clang++ -O0, the longest-running tests -O1; ASan + UBSan): the same tests;
+#      fuzz targets (clang libFuzzer, fuzz/)
 #   4. installed package: `cmake --install`, then tests/consumer builds against find_package(kvsift)
 #   5. CUDA build with nvcc for sm_80 and sm_90 (when /usr/local/cuda exists); GPU tests run and
 #      report skipped without a device
