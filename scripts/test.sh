@@ -35,7 +35,8 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset sani
 step "sanitizer done; fuzzing (clang libFuzzer + ASan + UBSan, KVSIFT_FUZZ_SECONDS=${KVSIFT_FUZZ_SECONDS:-60} s per target)"
 cmake --preset fuzz -DKVSIFT_FUZZ_SECONDS="${KVSIFT_FUZZ_SECONDS:-60}"
 cmake --build --preset fuzz -j "$JOBS"
-ctest --test-dir build/fuzz -L fuzz --output-on-failure
+# The fuzzers are single-threaded, each with its own corpus folder: one per core.
+ctest --test-dir build/fuzz -L fuzz --output-on-failure -j "$JOBS"
 
 step "fuzzing done; installed package consumer"
 rm -rf build/install build/consumer
