@@ -1,6 +1,7 @@
 // Grow a simple loop into the logits kernel (cpu/decode_attention.hpp, logits_block) one step at a
 // time, from DRAM: bf16 rows, d = 128, 4 query heads, rows contiguous, huge-page advised; one thread.
-// Build and run: g++ -std=gnu++20 -O3 -march=native grow.cpp -o grow && ./grow ROWS REPS
+// Build and run (from the repository root): g++ -std=gnu++20 -O3 -march=native -Iinclude
+//   docs/cpu-runs/2026-11-29c/grow.cpp -o grow && ./grow ROWS REPS
 // STAGE (template argument):
 //  0  one load per 64-byte line, 1 FMA with a register operand per line, the kernel's line order
 //  1  + the paired bf16 slots (shift, AND), 4 heads each, q in 8 registers: 8 FMAs per line
@@ -12,6 +13,7 @@
 // PF: 0 no software prefetch, 1 the kernel's (rows +16 into L1, rows +64 into L2). main() runs
 // stages 2, 3, 4, 5, 7 with PF = 1 (edit it for the others). Check the binary (objdump): GCC's
 // choices differ between stages; see results.txt.
+#include <kvsift/cpu/decode_attention.hpp>
 #include <immintrin.h>
 #include <chrono>
 #include <cstdio>
@@ -19,16 +21,7 @@
 #include <cstring>
 #include <cstdint>
 #include <sys/mman.h>
-static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  constexpr __mmask16 all = 0xffff;
-  const __m512 ab = _mm512_add_ps(_mm512_maskz_unpacklo_ps(all, a, b), _mm512_maskz_unpackhi_ps(all, a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_maskz_unpacklo_ps(all, c, d), _mm512_maskz_unpackhi_ps(all, c, d));
-  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
-  const __m256 lo = _mm512_castps512_ps256(s);
-  const __m256 hi = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xff, _mm512_castps_pd(s), 1));
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  return _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-}
+using kvsift::cpu::detail::avx512::hsum4;  // the kernel's own per-quad reduction
 constexpr int d = 128, RB = d * 2;  // row bytes
 template <int STAGE, int PF>
 __attribute__((noinline)) float pass(const char* K, size_t m, const float* q, float* logits) {
