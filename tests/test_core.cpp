@@ -379,8 +379,9 @@ TEST_CASE("model_shape: sequence numbering and validation", "[core][shape]") {
 }
 
 // cpu::topk_of keeps the k best by (score descending, index ascending), ascending; it finds the
-// dropped ones instead when fewer are dropped than kept. Both regimes against a full sort, with
-// many ties, over ascending candidate subsets, for every k from -1 to n + 1.
+// dropped ones instead when fewer are dropped than kept, and a single dropped one in one pass.
+// Every regime against a full sort, with many ties, over ascending candidate subsets, for every k
+// from -1 to n + 1 (k = n - 1: the single drop).
 TEST_CASE("cpu::topk_of equals a full sort in both regimes, ties to the lower index", "[core][topk]") {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 60; ++trial) {

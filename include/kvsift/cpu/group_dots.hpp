@@ -90,9 +90,63 @@ KVSIFT_TARGET_AVX512 inline __m512 combine8x2(__m512 x) {
   return _mm512_maskz_add_round_ps(kAll, c, _mm512_maskz_permute_ps(kAll, c, 0x4E), kRN);
 }
 
+// The sums of 16 accumulators a[g * 4 + p] (head g < 4, row pair p < 4; lanes 0-7 row 2p, 8-15
+// row 2p + 1), each 8-lane half reduced in combine8's order, ((a0 + a4) + (a1 + a5)) + ((a2 + a6) +
+// (a3 + a7)), as combine8x2 does for one register: the same adds, four to sixteen groups per
+// instruction (adds of two accumulators' halves side by side, then of two such registers' pairs,
+// then of their pairs). Returns two registers, heads 2i and 2i + 1: lanes 0-7 head 2i's rows 0-7,
+// lanes 8-15 head 2i + 1's.
+KVSIFT_TARGET_AVX512 inline void combine8x16(const __m512 (&a)[16], __m512 (&heads)[2]) {
+  // level 1: 128-bit lanes [X rowA, X rowB, Y rowA, Y rowB] of a_i + a_{i+4}: each lane one
+  // (head, row); b[i] = head i / 2, rows 4 (i % 2) .. + 3
+  __m512 b[8];
+  KVSIFT_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = a[2 * i], y = a[2 * i + 1];
+    b[i] = _mm512_maskz_add_round_ps(kAll, _mm512_shuffle_f32x4(x, y, 0x88),
+                                     _mm512_shuffle_f32x4(x, y, 0xDD), kRN);
+  }
+  // level 2: lane j of c[i] = (b0 + b1, b2 + b3) of head i's rows j and 4 + j
+  __m512 c[4];
+  KVSIFT_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    c[i] = _mm512_maskz_add_round_ps(kAll, _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x88),
+                                     _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xDD), kRN);
+  }
+  // level 3: lane j of e = head 2i's rows j, 4 + j, head 2i + 1's rows j, 4 + j; then rows in order
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  KVSIFT_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const __m512 e = _mm512_maskz_add_round_ps(kAll, _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x88),
+                                               _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xDD), kRN);
+    heads[i] = _mm512_permutexvar_ps(order, e);
+  }
+}
+
+// out[g * ld + r] += dot's tail (channels [d / 8 * 8, d), in dot's order) for GC heads and the
+// rows k[0 .. R), by rounding intrinsics too: this function may use FMA, and a plain
+// `tail += q * k` would be contracted into one.
+template <int GC, int R, Element T>
+KVSIFT_TARGET_AVX512 inline void add_tails(const float* q, int d, const T* const* k, float* out,
+                                           std::size_t ld) {
+  for (int g = 0; g < GC; ++g) {
+    const float* qg = q + static_cast<std::size_t>(g) * d;
+    for (int r = 0; r < R; ++r) {
+      __m128 tail = _mm_setzero_ps();
+      for (int c = d / 8 * 8; c < d; ++c) {
+        const __m128 prod = _mm_mul_round_ss(_mm_set_ss(qg[c]), _mm_set_ss(to_float(k[r][c])), kRN);
+        tail = _mm_add_round_ss(tail, prod, kRN);
+      }
+      float& o = out[static_cast<std::size_t>(g) * ld + r];
+      o = _mm_cvtss_f32(_mm_add_round_ss(_mm_set_ss(o), tail, kRN));
+    }
+  }
+}
+
 // out[g * ld + r] = dot(q + g * d, k[r], d) for GC <= 4 heads and 2P rows k[0 .. 2P): rows in
 // pairs, a pair's 8-lane blocks in one register; q2 holds each head's channels twice per block of
-// 8 ([GC, d / 8, 16]). P pairs x GC heads independent chains.
+// 8 ([GC, d / 8, 16]). P pairs x GC heads independent chains. Eight rows (P = 4) reduce together
+// (combine8x16) into one 8-float store per head; fewer, one register at a time (combine8x2).
 template <int GC, int P, Element T>
 KVSIFT_TARGET_AVX512 void dots_block(const float* q, const float* q2, int d, const T* const* k,
                                      float* out, std::size_t ld) {
@@ -117,28 +171,35 @@ KVSIFT_TARGET_AVX512 void dots_block(const float* q, const float* q2, int d, con
       }
     }
   }
-  KVSIFT_UNROLL
-  for (int p = 0; p < P; ++p) {
+  if constexpr (P == 4) {
+    __m512 a[16];
+    KVSIFT_UNROLL
+    for (int g = 0; g < 4; ++g) {
+      KVSIFT_UNROLL
+      for (int p = 0; p < 4; ++p) a[g * 4 + p] = g < GC ? acc[p][g] : _mm512_setzero_ps();
+    }
+    __m512 heads[2];
+    combine8x16(a, heads);
     KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) {
-      alignas(64) float s[16];
-      _mm512_store_ps(s, combine8x2(acc[p][g]));
-      const float* qg = q + static_cast<std::size_t>(g) * d;
+      const __m512 h = heads[g / 2];
+      _mm256_storeu_ps(out + static_cast<std::size_t>(g) * ld,
+                       g % 2 == 0 ? _mm512_castps512_ps256(h)
+                                  : _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h), 1)));
+    }
+  } else {
+    KVSIFT_UNROLL
+    for (int p = 0; p < P; ++p) {
       KVSIFT_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const T* kr = k[2 * p + h];
-        // the tail in dot's order, by rounding intrinsics too: this function may use FMA, and
-        // a plain `tail += q * k` here would be contracted into one
-        __m128 tail = _mm_setzero_ps();
-        for (int c = blocks * 8; c < d; ++c) {
-          const __m128 prod =
-              _mm_mul_round_ss(_mm_set_ss(qg[c]), _mm_set_ss(to_float(kr[c])), kRN);
-          tail = _mm_add_round_ss(tail, prod, kRN);
-        }
-        out[static_cast<std::size_t>(g) * ld + 2 * p + h] = s[8 * h] + _mm_cvtss_f32(tail);
+      for (int g = 0; g < GC; ++g) {
+        alignas(64) float s[16];
+        _mm512_store_ps(s, combine8x2(acc[p][g]));
+        out[static_cast<std::size_t>(g) * ld + 2 * p] = s[0];
+        out[static_cast<std::size_t>(g) * ld + 2 * p + 1] = s[8];
       }
     }
   }
+  if (blocks * 8 < d) add_tails<GC, 2 * P, T>(q, d, k, out, ld);
 }
 
 }  // namespace exact512

@@ -16,7 +16,8 @@ namespace kvsift::cpu {
 // scores[c], ascending. `candidates` must be ascending. The order is strict and total (score,
 // then index), so the kept set is exactly the complement of the |candidates| - k lowest: when
 // fewer are dropped than kept (a sliding window's step drops one of a thousand) those are found
-// instead and the kept ones written in candidate order, O(n) with no sort of the kept set.
+// instead and the kept ones written in candidate order, O(n) with no sort of the kept set; a
+// single drop (H2O's step past its budget) is the worst candidate, one pass, no scratch copy.
 inline void topk_of(std::span<const float> scores, std::span<const std::int32_t> candidates, int k,
                     std::vector<std::int32_t>& out) {
   const std::size_t n = candidates.size();
@@ -29,6 +30,16 @@ inline void topk_of(std::span<const float> scores, std::span<const std::int32_t>
     return;
   }
   const std::size_t drop = n - keep;
+  if (drop == 1) {  // a decode step's eviction: the one worst candidate, found in one pass
+    std::size_t worst = 0;
+    for (std::size_t i = 1; i < n; ++i) {
+      if (better(candidates[worst], candidates[i])) worst = i;
+    }
+    out.clear();
+    out.insert(out.end(), candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(worst));
+    out.insert(out.end(), candidates.begin() + static_cast<std::ptrdiff_t>(worst) + 1, candidates.end());
+    return;
+  }
   if (drop < keep) {
     thread_local std::vector<std::int32_t> dropped;  // scratch, reused across calls
     dropped.assign(candidates.begin(), candidates.end());
