@@ -366,7 +366,7 @@ TEMPLATE_TEST_CASE("group_dots_rows equals dot on every row and head, bit for bi
   std::mt19937 rng(37);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   for (const int d : {4, 8, 12, 20, 64, 128}) {
-    for (const int G : {1, 3, 4, 5, 9}) {
+    for (const int G : {1, 2, 3, 4, 5, 6, 9}) {
       for (const std::size_t m : {1u, 2u, 3u, 5u, 8u, 13u}) {
         std::vector<float> q(static_cast<std::size_t>(G) * d);
         std::vector<T> k(m * static_cast<std::size_t>(d));
