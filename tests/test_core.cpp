@@ -406,3 +406,35 @@ TEST_CASE("cpu::topk_of equals a full sort in both regimes, ties to the lower in
     }
   }
 }
+
+// cpu::topk_range: the same order over an index range, appended to a vector or written into a
+// span; keeping all or all but one (one pass, no candidate list) and the general case, every k
+// from -1 to n + 1 over ranges that start inside the scores, with many ties.
+TEST_CASE("cpu::topk_range equals a full sort, appended or into a span", "[core][topk]") {
+  std::mt19937 rng(6);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int size = 1 + static_cast<int>(rng() % 120);
+    std::vector<float> scores(static_cast<std::size_t>(size));
+    for (float& x : scores) x = static_cast<float>(rng() % 5) - 2.0f;  // many ties
+    const int first = static_cast<int>(rng() % static_cast<unsigned>(size));
+    const int last = first + static_cast<int>(rng() % static_cast<unsigned>(size - first + 1));
+    const int n = last - first;
+    for (int k = -1; k <= n + 1; ++k) {
+      std::vector<std::int32_t> expect(static_cast<std::size_t>(n));
+      std::iota(expect.begin(), expect.end(), first);
+      std::stable_sort(expect.begin(), expect.end(), [&](std::int32_t a, std::int32_t b) {
+        return scores[a] > scores[b];
+      });
+      expect.resize(static_cast<std::size_t>(std::clamp(k, 0, n)));
+      std::sort(expect.begin(), expect.end());
+      std::vector<std::int32_t> appended{-5};  // kept, the top k after it
+      kvsift::cpu::topk_range(scores, first, last, k, appended);
+      REQUIRE(appended.front() == -5);
+      REQUIRE(std::vector<std::int32_t>(appended.begin() + 1, appended.end()) == expect);
+      std::vector<std::int32_t> span_out(expect.size() + 1, -9);  // one past: left alone
+      kvsift::cpu::topk_range(scores, first, last, k, std::span<std::int32_t>(span_out));
+      REQUIRE(std::vector<std::int32_t>(span_out.begin(), span_out.end() - 1) == expect);
+      REQUIRE(span_out.back() == -9);
+    }
+  }
+}

@@ -475,7 +475,8 @@ TEST_CASE("softmax_rows and softmax follow the exact softmax's steps bit for bit
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (const int rows : {1, 2, 3, 4, 5, 8, 9, 17}) {
-    for (const std::size_t m : {0u, 1u, 2u, 3u, 4u, 5u, 7u, 8u, 9u, 15u, 16u, 17u, 40u, 257u}) {
+    for (const std::size_t m :
+         {0u, 1u, 2u, 3u, 4u, 5u, 7u, 8u, 9u, 15u, 16u, 17u, 31u, 32u, 33u, 40u, 257u}) {
       for (int rep = 0; rep < 7; ++rep) {
         const std::size_t ld = m + 2;  // columns past m stay as they are
         std::vector<float> x(static_cast<std::size_t>(rows) * ld);

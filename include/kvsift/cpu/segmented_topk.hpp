@@ -65,14 +65,40 @@ inline void topk_of(std::span<const float> scores, std::span<const std::int32_t>
   std::sort(out.begin(), out.end());
 }
 
+// Top k of the index range [first, last) of `scores`, ascending, into out[0, min(k, last -
+// first)) (out holds at least that many). Keeping all of them or all but one (H2O's step past its
+// budget) takes no candidate list: the one dropped is the worst of the range, found in one pass
+// under topk_of's order (a later index loses a tie).
+inline void topk_range(std::span<const float> scores, int first, int last, int k,
+                       std::span<std::int32_t> out) {
+  const int n = std::max(0, last - first);
+  const int keep = std::clamp(k, 0, n);
+  if (keep == n) {
+    std::iota(out.begin(), out.begin() + n, first);
+    return;
+  }
+  if (keep + 1 == n) {
+    int worst = first;
+    for (int i = first + 1; i < last; ++i) {
+      if (scores[worst] >= scores[i]) worst = i;  // worst is not better than i: i < worst in order
+    }
+    std::iota(out.begin(), out.begin() + (worst - first), first);
+    std::iota(out.begin() + (worst - first), out.begin() + keep, worst + 1);
+    return;
+  }
+  thread_local std::vector<std::int32_t> cand, picked;  // scratch, reused across calls
+  cand.resize(static_cast<std::size_t>(n));
+  std::iota(cand.begin(), cand.end(), first);
+  topk_of(scores, cand, k, picked);
+  std::copy(picked.begin(), picked.end(), out.begin());
+}
+
 // Top k of the index range [first, last) of `scores`, ascending, appended to `out`.
 inline void topk_range(std::span<const float> scores, int first, int last, int k,
                        std::vector<std::int32_t>& out) {
-  thread_local std::vector<std::int32_t> cand, picked;  // scratch, reused across calls
-  cand.resize(static_cast<std::size_t>(std::max(0, last - first)));
-  std::iota(cand.begin(), cand.end(), first);
-  topk_of(scores, cand, k, picked);
-  out.insert(out.end(), picked.begin(), picked.end());
+  const std::size_t at = out.size();
+  out.resize(at + static_cast<std::size_t>(std::clamp(k, 0, std::max(0, last - first))));
+  topk_range(scores, first, last, k, std::span<std::int32_t>(out).subspan(at));
 }
 
 }  // namespace kvsift::cpu

@@ -76,7 +76,8 @@ struct topk {
 
   void select(const score_sets& scores, std::span<const int> budgets, index_sets& kept) const {
     check(scores, budgets);
-    std::vector<int> sizes(static_cast<std::size_t>(scores.segments()));
+    thread_local std::vector<int> sizes;  // scratch: nothing allocated once warm
+    sizes.resize(static_cast<std::size_t>(scores.segments()));
     for (int s = 0; s < scores.segments(); ++s) sizes[s] = std::min(budgets[s], scores.size(s));
     kept.resize(sizes);
     cpu::parallel_for(scores.segments(), [&](std::int64_t s64) {
@@ -89,12 +90,10 @@ struct topk {
         return;
       }
       const int w = window_for(b);
-      std::vector<std::int32_t> picked;
-      picked.reserve(static_cast<std::size_t>(b));
-      for (int j = 0; j < p.sink; ++j) picked.push_back(j);
-      cpu::topk_range(scores[s], p.sink, n - w, b - p.sink - w, picked);
-      for (int j = n - w; j < n; ++j) picked.push_back(j);
-      std::copy(picked.begin(), picked.end(), out.begin());
+      // the sink, the top of the tokens between, the window: b slots, ascending (b >= sink + w)
+      std::iota(out.begin(), out.begin() + p.sink, 0);
+      cpu::topk_range(scores[s], p.sink, n - w, b - p.sink - w, out.subspan(p.sink, b - p.sink - w));
+      std::iota(out.end() - w, out.end(), n - w);
     }, cpu::par, static_cast<std::int64_t>(scores.values.size()) / std::max(1, scores.segments()));
   }
 };
