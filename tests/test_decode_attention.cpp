@@ -474,7 +474,7 @@ TEST_CASE("softmax_rows and softmax follow the exact softmax's steps bit for bit
   std::normal_distribution<float> nd(0.0f, 4.0f);
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (const int rows : {1, 2, 3, 4, 5, 8, 9, 17}) {
+  for (const int rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 17}) {
     for (const std::size_t m :
          {0u, 1u, 2u, 3u, 4u, 5u, 7u, 8u, 9u, 15u, 16u, 17u, 31u, 32u, 33u, 40u, 257u}) {
       for (int rep = 0; rep < 7; ++rep) {
@@ -509,3 +509,43 @@ TEST_CASE("softmax_rows and softmax follow the exact softmax's steps bit for bit
     }
   }
 }
+
+#if KVSIFT_HAVE_X86_SIMD_PATH
+// The AVX-512 softmax adds a block of 16 columns while the next block's exps run; each row's
+// double sum must still be column_sums' (column order), bit for bit: a sum taken in another order
+// differs in its last bits for most rows of widely spread exponentials, which the float
+// reciprocal then mostly hides (hence this test of the doubles themselves), for every NR.
+TEST_CASE("exp_sums_avx512: the exps and each row's double sum in column order", "[decode_attention]") {
+  if (cpu::detected_simd() < cpu::simd::avx512) SKIP("this CPU has no avx512 path");
+  std::mt19937 rng(43);
+  std::normal_distribution<float> nd(0.0f, 6.0f);
+  for (const std::size_t m : {1u, 15u, 16u, 17u, 33u, 48u, 257u, 1000u}) {
+    for (int nr = 1; nr <= 8; ++nr) {
+      cpu::detail::with_heads<8>(nr, [&]<int NR>() {
+        std::vector<float> x(NR * m);
+        for (float& v : x) v = nd(rng);
+        std::vector<float> got = x, want = x;
+        float* grow[NR];
+        float* wrow[NR];
+        float top[NR];
+        for (int r = 0; r < NR; ++r) {
+          grow[r] = got.data() + r * m;
+          wrow[r] = want.data() + r * m;
+          top[r] = *std::max_element(wrow[r], wrow[r] + m);
+          cpu::exp_sub_row(wrow[r], m, top[r], cpu::simd::portable);
+        }
+        double gsum[NR], wsum[NR];
+        cpu::detail::exp_sums_avx512<NR>(grow, top, m, gsum);
+        cpu::detail::column_sums<NR>(wrow, m, wsum);
+        for (int r = 0; r < NR; ++r) {
+          CAPTURE(m, NR, r);
+          REQUIRE(std::bit_cast<std::uint64_t>(gsum[r]) == std::bit_cast<std::uint64_t>(wsum[r]));
+        }
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          REQUIRE(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want[i]));
+        }
+      });
+    }
+  }
+}
+#endif
