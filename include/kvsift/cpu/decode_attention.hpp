@@ -78,7 +78,7 @@ void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&&
 #if KVSIFT_HAVE_X86_SIMD_PATH
 // What both vector paths share (no ISA beyond x86-64's SSE: inlined into either).
 // Rows are prefetched twice: into L1 kPrefetchRows ahead, and into L2 kFarRows ahead (the value
-// pass: a block of kRowBlock rows kFarRows past the next block), so more
+// pass: kRowBlock and kRowBlock + kFarRows rows ahead, prefetch_tile_ahead), so more
 // lines are in flight than L1's miss buffers allow and the memory stays busy while the FMAs run
 // (a bf16 full-KV step at 32K 4.4-4.5 -> 4.1 ms on a 2-core AMD EPYC VM, interleaved runs,
 // docs/performance.md "Latest tables (2026-11-27 evening)").
@@ -131,6 +131,31 @@ template <Element T, class RowAt>
   for (std::size_t j = j0; j < j1; ++j) {
     const char* b = reinterpret_cast<const char*>(row(j));
     prefetch_span_far(b, b + rb);
+  }
+}
+
+// The value passes' prefetches, spread over their rows: with row j of a block of kRowBlock rows,
+// a channel tile's lines (Channels elements from c0) of row j + kRowBlock into L1 and of row
+// j + kRowBlock + kFarRows into L2, rows past the last clamped to it (m - 1: no branch in the row
+// loop). Every line of a row gets both, from the tile that reads it. Against the block at a time
+// it replaces (a block's 2 x 64 prefetches in one burst before the block), one core, one GQA
+// group (4 heads, head_dim 128, bf16), 1M contiguous rows from DRAM: the value pass 19.7-20.5 ->
+// 31.6-32.1 GB/s, 32K rows 192.6 -> 189.6 us, 1024 rows 6.8 -> 6.2 us (docs/performance.md,
+// "2026-12-01").
+constexpr std::size_t kRowBlock = 16;
+
+template <int Channels, Element T, class ValueAt>
+[[gnu::always_inline]] inline void prefetch_tile_ahead(ValueAt& value, std::size_t j,
+                                                       std::size_t m, int c0) {
+  constexpr int lines = (Channels * static_cast<int>(sizeof(T)) + 63) / 64;
+  const std::size_t jn = j + kRowBlock < m ? j + kRowBlock : m - 1;
+  const std::size_t jf = j + kRowBlock + kFarRows < m ? j + kRowBlock + kFarRows : m - 1;
+  const char* near = reinterpret_cast<const char*>(value(jn) + c0);
+  const char* far = reinterpret_cast<const char*>(value(jf) + c0);
+  KVSIFT_UNROLL
+  for (int l = 0; l < lines; ++l) {
+    _mm_prefetch(near + 64 * l, _MM_HINT_T0);
+    _mm_prefetch(far + 64 * l, _MM_HINT_T2);
   }
 }
 
@@ -339,14 +364,15 @@ KVSIFT_TARGET_AVX512 inline float exp_row(float* x, std::size_t m) {
 }
 
 // out[g, c0 .. c0 + 16 CT) += sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads
-// and j0 < j1 (out in the rows' slot order, load_slot), the accumulators in registers across the
-// rows: a row loop that runs at least once, with no branch in it (the caller prefetches), over
-// accumulators that start from `out` (the caller zeroes it); otherwise GCC 12 stores every
-// accumulator on every row (avx2::accumulate_block, the same kernel, was measured both ways).
+// and j0 < j1 <= m (out in the rows' slot order, load_slot), the accumulators in registers across
+// the rows: a row loop that runs at least once, with no branch in it (its prefetches clamp
+// instead), over accumulators that start from `out` (the caller zeroes it); otherwise GCC 12
+// stores every accumulator on every row (avx2::accumulate_block, the same kernel, was measured
+// both ways).
 template <int GC, int CT, Element T, bool Paired, class ValueAt>
 KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
-                                           std::size_t j0, std::size_t j1, ValueAt& value,
-                                           float* out) {
+                                           std::size_t j0, std::size_t j1, std::size_t m,
+                                           ValueAt& value, float* out) {
   constexpr int S = slots_per_load<Paired>;
   static_assert(GC * CT <= 16 && CT % S == 0);
   __m512 acc[GC][CT];
@@ -358,6 +384,7 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
   std::size_t j = j0;
   do {
     const T* v = value(j) + c0;
+    prefetch_tile_ahead<16 * CT, T>(value, j, m, c0);
     __m512 vv[CT];
     KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) vv[t] = load_slot<T, Paired>(v + 16 * (t / S * S), t % S);
@@ -375,29 +402,27 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
   }
 }
 
-// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads. Channel tiles of kTile 16-lane
-// slots (GC x kTile <= 16 accumulators); rows in blocks of kRowBlock, every tile of a block
-// before the next block, so a V row comes from memory once (the later tiles find it in L1); the
-// next block's rows are prefetched before a block starts. Paired rows accumulate in slot order,
-// put back in channel order by the final scaling.
+// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads and m > 0 rows. Channel tiles
+// of kTile 16-lane slots (GC x kTile <= 16 accumulators); rows in blocks of kRowBlock, every tile
+// of a block before the next block, so a V row comes from memory once (the later tiles find it in
+// L1); the first block is prefetched here, the later ones by the tiles' row loops
+// (prefetch_tile_ahead). Paired rows accumulate in slot order, put back in channel order by the
+// final scaling.
 template <int GC, Element T, bool Paired, class ValueAt>
 KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
                                            std::size_t m, ValueAt& value, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 8 : GC <= 4 ? 4 : 2;
   constexpr int S = slots_per_load<Paired>;
-  constexpr std::size_t kRowBlock = 16;
   for (int c = 0; c < GC * d; c += 16) _mm512_storeu_ps(out + c, _mm512_setzero_ps());  // no memset call
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
-    for (std::size_t j = j1; j < std::min(m, j1 + kRowBlock); ++j) prefetch_row(value(j), d);
-    prefetch_rows_far<T>(value, j1 + kFarRows, std::min(m, j1 + kFarRows + kRowBlock), d);
     int c0 = 0;
     for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
-      accumulate_block<GC, kTile, T, Paired>(w, ld, c0, d, j0, j1, value, out);
+      accumulate_block<GC, kTile, T, Paired>(w, ld, c0, d, j0, j1, m, value, out);
     }
     for (; c0 < d; c0 += 16 * S) {
-      accumulate_block<GC, S, T, Paired>(w, ld, c0, d, j0, j1, value, out);
+      accumulate_block<GC, S, T, Paired>(w, ld, c0, d, j0, j1, m, value, out);
     }
   }
   KVSIFT_UNROLL
@@ -608,8 +633,8 @@ KVSIFT_TARGET_AVX2 inline float exp_row(float* x, std::size_t m, float top) {
 // from `out` (the caller zeroes it); otherwise it stores every accumulator on every row.
 template <int GC, int CT, Element T, class ValueAt>
 KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
-                                         std::size_t j0, std::size_t j1, ValueAt& value,
-                                         float* out) {
+                                         std::size_t j0, std::size_t j1, std::size_t m,
+                                         ValueAt& value, float* out) {
   static_assert(GC * CT + GC + 1 <= 16);
   __m256 acc[GC][CT];
   KVSIFT_UNROLL
@@ -622,6 +647,7 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
   std::size_t j = j0;
   do {  // j0 < j1: with a loop that may run zero times GCC 12 keeps acc in memory
     const T* v = value(j) + c0;
+    prefetch_tile_ahead<8 * CT, T>(value, j, m, c0);
     __m256 wg[GC];
     KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) wg[g] = _mm256_broadcast_ss(w + g * ld + j);
@@ -642,24 +668,22 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
 // out[g, :] += sum_j w[g * ld + j] value(j) for GC <= 4 heads and m > 0 rows: channel tiles of
 // as many 8-lane blocks as the registers hold, rows in blocks of kRowBlock with every tile of a
 // block before the next block, so a V row comes from memory once (the later tiles find it in
-// L1); the next block's rows are prefetched before a block starts.
+// L1); the first block is prefetched here, the later ones by the tiles' row loops
+// (prefetch_tile_ahead).
 template <int GC, Element T>
 KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, int d, std::size_t m,
                                          const T* const* vrow, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 4 : 2;
-  constexpr std::size_t kRowBlock = 16;
   auto value = [vrow](std::size_t j) { return vrow[j]; };
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
-    for (std::size_t j = j1; j < std::min(m, j1 + kRowBlock); ++j) prefetch_row(value(j), d);
-    prefetch_rows_far<T>(value, j1 + kFarRows, std::min(m, j1 + kFarRows + kRowBlock), d);
     int c0 = 0;
     for (; c0 + 8 * kTile <= d; c0 += 8 * kTile) {
-      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, value, out);
+      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, m, value, out);
     }
     for (; c0 < d; c0 += 8) {
-      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, value, out);
+      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, m, value, out);
     }
   }
 }
