@@ -137,11 +137,12 @@ template <Element T, class RowAt>
 // The value passes' prefetches, spread over their rows: with row j of a block of kRowBlock rows,
 // a channel tile's lines (Channels elements from c0) of row j + kRowBlock into L1 and of row
 // j + kRowBlock + kFarRows into L2, rows past the last clamped to it (m - 1: no branch in the row
-// loop). Every line of a row gets both, from the tile that reads it. Against the block at a time
-// it replaces (a block's 2 x 64 prefetches in one burst before the block), one core, one GQA
-// group (4 heads, head_dim 128, bf16), 1M contiguous rows from DRAM: the value pass 19.7-20.5 ->
-// 31.6-32.1 GB/s, 32K rows 192.6 -> 189.6 us, 1024 rows 6.8 -> 6.2 us (docs/performance.md,
-// "2026-12-01").
+// loop). Every line of a row gets both, from the tile that reads it (of tiles narrower than a
+// line, from the one that starts it: the callers' Prefetch). Against the block at a time it
+// replaces (a block's 2 x 64 prefetches in one burst before the block), one core, one GQA group
+// (4 heads, head_dim 128), 1M contiguous rows from DRAM: the AVX-512 bf16 value pass 19.7-20.5
+// -> 31.6-32.1 GB/s, the AVX2 f32 one 14-15 -> 36; in cache unchanged or faster
+// (docs/performance.md, "2026-12-01").
 constexpr std::size_t kRowBlock = 16;
 
 template <int Channels, Element T, class ValueAt>
@@ -369,7 +370,7 @@ KVSIFT_TARGET_AVX512 inline float exp_row(float* x, std::size_t m) {
 // instead), over accumulators that start from `out` (the caller zeroes it); otherwise GCC 12
 // stores every accumulator on every row (avx2::accumulate_block, the same kernel, was measured
 // both ways).
-template <int GC, int CT, Element T, bool Paired, class ValueAt>
+template <int GC, int CT, Element T, bool Paired, bool Prefetch, class ValueAt>
 KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
                                            std::size_t j0, std::size_t j1, std::size_t m,
                                            ValueAt& value, float* out) {
@@ -384,7 +385,7 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
   std::size_t j = j0;
   do {
     const T* v = value(j) + c0;
-    prefetch_tile_ahead<16 * CT, T>(value, j, m, c0);
+    if constexpr (Prefetch) prefetch_tile_ahead<16 * CT, T>(value, j, m, c0);
     __m512 vv[CT];
     KVSIFT_UNROLL
     for (int t = 0; t < CT; ++t) vv[t] = load_slot<T, Paired>(v + 16 * (t / S * S), t % S);
@@ -417,12 +418,19 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
+    // a tile narrower than a line prefetches only if it starts one (the line's other tiles
+    // would prefetch it again)
+    const auto starts_line = [](int c) { return c * sizeof(T) % 64 == 0; };
     int c0 = 0;
     for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
-      accumulate_block<GC, kTile, T, Paired>(w, ld, c0, d, j0, j1, m, value, out);
+      accumulate_block<GC, kTile, T, Paired, true>(w, ld, c0, d, j0, j1, m, value, out);
     }
     for (; c0 < d; c0 += 16 * S) {
-      accumulate_block<GC, S, T, Paired>(w, ld, c0, d, j0, j1, m, value, out);
+      if (16 * S * sizeof(T) >= 64 || starts_line(c0)) {
+        accumulate_block<GC, S, T, Paired, true>(w, ld, c0, d, j0, j1, m, value, out);
+      } else {
+        accumulate_block<GC, S, T, Paired, false>(w, ld, c0, d, j0, j1, m, value, out);
+      }
     }
   }
   KVSIFT_UNROLL
@@ -631,7 +639,7 @@ KVSIFT_TARGET_AVX2 inline float exp_row(float* x, std::size_t m, float top) {
 // that GCC 12 keeps the accumulators in registers (checked in the object code): a row loop that
 // runs at least once, with no branch in it (the caller prefetches), over accumulators that start
 // from `out` (the caller zeroes it); otherwise it stores every accumulator on every row.
-template <int GC, int CT, Element T, class ValueAt>
+template <int GC, int CT, Element T, bool Prefetch, class ValueAt>
 KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
                                          std::size_t j0, std::size_t j1, std::size_t m,
                                          ValueAt& value, float* out) {
@@ -647,7 +655,7 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
   std::size_t j = j0;
   do {  // j0 < j1: with a loop that may run zero times GCC 12 keeps acc in memory
     const T* v = value(j) + c0;
-    prefetch_tile_ahead<8 * CT, T>(value, j, m, c0);
+    if constexpr (Prefetch) prefetch_tile_ahead<8 * CT, T>(value, j, m, c0);
     __m256 wg[GC];
     KVSIFT_UNROLL
     for (int g = 0; g < GC; ++g) wg[g] = _mm256_broadcast_ss(w + g * ld + j);
@@ -678,12 +686,23 @@ KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, int d, 
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
+    // a tile narrower than a line prefetches only if it starts one (the line's other tiles
+    // would prefetch it again)
+    const auto starts_line = [](int c) { return c * sizeof(T) % 64 == 0; };
     int c0 = 0;
     for (; c0 + 8 * kTile <= d; c0 += 8 * kTile) {
-      accumulate_block<GC, kTile, T>(w, ld, c0, d, j0, j1, m, value, out);
+      if (8 * kTile * sizeof(T) >= 64 || starts_line(c0)) {
+        accumulate_block<GC, kTile, T, true>(w, ld, c0, d, j0, j1, m, value, out);
+      } else {
+        accumulate_block<GC, kTile, T, false>(w, ld, c0, d, j0, j1, m, value, out);
+      }
     }
     for (; c0 < d; c0 += 8) {
-      accumulate_block<GC, 1, T>(w, ld, c0, d, j0, j1, m, value, out);
+      if (starts_line(c0)) {
+        accumulate_block<GC, 1, T, true>(w, ld, c0, d, j0, j1, m, value, out);
+      } else {
+        accumulate_block<GC, 1, T, false>(w, ld, c0, d, j0, j1, m, value, out);
+      }
     }
   }
 }
