@@ -85,8 +85,8 @@ void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&&
 constexpr int kPrefetchRows = 16;
 constexpr int kFarRows = 64;
 
-// Every 64-byte line of a row into L1 (_MM_HINT_T0), for the rows kPrefetchRows ahead, a row at
-// a time.
+// Every 64-byte line of a row into L1 (_MM_HINT_T0), for the rows kPrefetchRows ahead (the logits
+// passes) and the value passes' first block, a row at a time.
 // The prefetch helpers are forced inline: GCC 12's IPA pure-const analysis takes a function whose
 // body only prefetches for one without effects and deletes its calls (it did so to a first
 // version of prefetch_rows_far), so the prefetches must sit in the kernel's own body.
@@ -109,11 +109,11 @@ template <Element T>
   for (; b < e; b += 64) _mm_prefetch(b, _MM_HINT_T2);
 }
 
-// Every line of rows [j0, j1) (row(j): row j's d elements) into L2, for the rows kFarRows ahead.
-// Rows whose first and last lie one span apart (a page's rows in order: the common case) are one
+// Every line of rows [j0, j1) (row(j): row j's d elements) into L2, for the rows kFarRows ahead
+// of the logits passes (the value passes prefetch per tile, prefetch_tile_ahead). Rows whose first and last lie one span apart (a page's rows in order: the common case) are one
 // loop over the span's lines, otherwise a loop per row: the same lines either way (a prefetch
-// never faults), in fewer instructions than a loop per row. Measured against the loop per row
-// (docs/performance.md, "2026-11-28, fourth session"): one core, 32K rows in pages of 16
+// never faults), in fewer instructions than a loop per row. Measured against the loop per row,
+// both passes (docs/performance.md, "2026-11-28, fourth session"): one core, 32K rows in pages of 16
 // scattered through the pool (largely from L3 on that VM), bf16 761-820 -> 599-693 us, f32
 // 1371-1700 -> 1240-1389 us; f32 rows in L2 44-47 -> 50-52 G multiply-adds/s. (The near
 // prefetches stay a row at a time: the span loop for them too measured slower there.) From DRAM,
@@ -136,13 +136,14 @@ template <Element T, class RowAt>
 
 // The value passes' prefetches, spread over their rows: with row j of a block of kRowBlock rows,
 // a channel tile's lines (Channels elements from c0) of row j + kRowBlock into L1 and of row
-// j + kRowBlock + kFarRows into L2, rows past the last clamped to it (m - 1: no branch in the row
-// loop). Every line of a row gets both, from the tile that reads it (of tiles narrower than a
-// line, from the one that starts it: the callers' Prefetch). Against the block at a time it
-// replaces (a block's 2 x 64 prefetches in one burst before the block), one core, one GQA group
-// (4 heads, head_dim 128), 1M contiguous rows from DRAM: the AVX-512 bf16 value pass 19.7-20.5
-// -> 31.6-32.1 GB/s, the AVX2 f32 one 14-15 -> 36; in cache unchanged or faster
-// (docs/performance.md, "2026-12-01").
+// j + kRowBlock + kFarRows into L2, rows past the last clamped to it (m - 1, m > 0: no branch in
+// the row loop). So every row from kRowBlock on has each line prefetched into L1 once (the first
+// block's: prefetch_row, by the caller), and every row from kRowBlock + kFarRows on into L2 too,
+// by the tile that reads it (of tiles narrower than a line, the one whose offset in the row starts
+// a line: the callers' Prefetch). Against the block at a time it replaces (a block's 2 x 64
+// prefetches in one burst before the block), one core, one GQA group (4 heads, head_dim 128), 1M
+// contiguous rows from DRAM: the AVX-512 bf16 value pass 19.7-20.5 -> 31.6-32.1 GB/s, the AVX2 f32
+// one 14-15 -> 36; in cache unchanged or faster (docs/performance.md, "2026-12-01").
 constexpr std::size_t kRowBlock = 16;
 
 template <int Channels, Element T, class ValueAt>
@@ -151,12 +152,12 @@ template <int Channels, Element T, class ValueAt>
   constexpr int lines = (Channels * static_cast<int>(sizeof(T)) + 63) / 64;
   const std::size_t jn = j + kRowBlock < m ? j + kRowBlock : m - 1;
   const std::size_t jf = j + kRowBlock + kFarRows < m ? j + kRowBlock + kFarRows : m - 1;
-  const char* near = reinterpret_cast<const char*>(value(jn) + c0);
-  const char* far = reinterpret_cast<const char*>(value(jf) + c0);
+  const char* to_l1 = reinterpret_cast<const char*>(value(jn) + c0);
+  const char* to_l2 = reinterpret_cast<const char*>(value(jf) + c0);
   KVSIFT_UNROLL
   for (int l = 0; l < lines; ++l) {
-    _mm_prefetch(near + 64 * l, _MM_HINT_T0);
-    _mm_prefetch(far + 64 * l, _MM_HINT_T2);
+    _mm_prefetch(to_l1 + 64 * l, _MM_HINT_T0);
+    _mm_prefetch(to_l2 + 64 * l, _MM_HINT_T2);
   }
 }
 
@@ -635,10 +636,11 @@ KVSIFT_TARGET_AVX2 inline float exp_row(float* x, std::size_t m, float top) {
 }
 
 // out[g, c0 .. c0 + 8 CT) += sum_{j in [j0, j1)} w[g * ld + j] value(j)[c0 ..] for GC heads and
-// j0 < j1, GC x CT accumulators and GC broadcast weights in registers across the rows. Written so
-// that GCC 12 keeps the accumulators in registers (checked in the object code): a row loop that
-// runs at least once, with no branch in it (the caller prefetches), over accumulators that start
-// from `out` (the caller zeroes it); otherwise it stores every accumulator on every row.
+// j0 < j1 <= m, GC x CT accumulators and GC broadcast weights in registers across the rows.
+// Written so that GCC 12 keeps the accumulators in registers (checked in the object code): a row
+// loop that runs at least once, with no branch in it (its prefetches clamp instead), over
+// accumulators that start from `out` (the caller zeroes it); otherwise it stores every
+// accumulator on every row.
 template <int GC, int CT, Element T, bool Prefetch, class ValueAt>
 KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0, int d,
                                          std::size_t j0, std::size_t j1, std::size_t m,
