@@ -110,10 +110,11 @@ template <Element T>
 }
 
 // Every line of rows [j0, j1) (row(j): row j's d elements) into L2, for the rows kFarRows ahead
-// of the logits passes (the value passes prefetch per tile, prefetch_tile_ahead). Rows whose first and last lie one span apart (a page's rows in order: the common case) are one
-// loop over the span's lines, otherwise a loop per row: the same lines either way (a prefetch
-// never faults), in fewer instructions than a loop per row. Measured against the loop per row,
-// both passes (docs/performance.md, "2026-11-28, fourth session"): one core, 32K rows in pages of 16
+// of the logits passes (the value passes prefetch per tile, prefetch_tile_ahead). Rows whose
+// first and last lie one span apart (a page's rows in order: the common case) are one loop over
+// the span's lines, otherwise a loop per row: the same lines either way (a prefetch never
+// faults), in fewer instructions than a loop per row. Measured against the loop per row, both
+// passes (docs/performance.md, "2026-11-28, fourth session"): one core, 32K rows in pages of 16
 // scattered through the pool (largely from L3 on that VM), bf16 761-820 -> 599-693 us, f32
 // 1371-1700 -> 1240-1389 us; f32 rows in L2 44-47 -> 50-52 G multiply-adds/s. (The near
 // prefetches stay a row at a time: the span loop for them too measured slower there.) From DRAM,
@@ -159,6 +160,15 @@ template <int Channels, Element T, class ValueAt>
     _mm_prefetch(to_l1 + 64 * l, _MM_HINT_T0);
     _mm_prefetch(to_l2 + 64 * l, _MM_HINT_T2);
   }
+}
+
+// f.template operator()<Prefetch>(): Prefetch for the tile of `channels` elements at c0 unless it
+// is narrower than a line and does not start one (the line's first tile prefetches it).
+template <Element T, class F>
+void with_tile_prefetch(int c0, int channels, F&& f) {
+  const auto bytes = [](int c) { return static_cast<std::size_t>(c) * sizeof(T); };
+  if (bytes(channels) >= 64 || bytes(c0) % 64 == 0) return f.template operator()<true>();
+  f.template operator()<false>();
 }
 
 namespace avx512 {
@@ -419,19 +429,16 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
-    // a tile narrower than a line prefetches only if it starts one (the line's other tiles
-    // would prefetch it again)
-    const auto starts_line = [](int c) { return c * sizeof(T) % 64 == 0; };
     int c0 = 0;
     for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
-      accumulate_block<GC, kTile, T, Paired, true>(w, ld, c0, d, j0, j1, m, value, out);
+      with_tile_prefetch<T>(c0, 16 * kTile, [&]<bool P>() {
+        accumulate_block<GC, kTile, T, Paired, P>(w, ld, c0, d, j0, j1, m, value, out);
+      });
     }
     for (; c0 < d; c0 += 16 * S) {
-      if (16 * S * sizeof(T) >= 64 || starts_line(c0)) {
-        accumulate_block<GC, S, T, Paired, true>(w, ld, c0, d, j0, j1, m, value, out);
-      } else {
-        accumulate_block<GC, S, T, Paired, false>(w, ld, c0, d, j0, j1, m, value, out);
-      }
+      with_tile_prefetch<T>(c0, 16 * S, [&]<bool P>() {
+        accumulate_block<GC, S, T, Paired, P>(w, ld, c0, d, j0, j1, m, value, out);
+      });
     }
   }
   KVSIFT_UNROLL
@@ -688,23 +695,16 @@ KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, int d, 
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
-    // a tile narrower than a line prefetches only if it starts one (the line's other tiles
-    // would prefetch it again)
-    const auto starts_line = [](int c) { return c * sizeof(T) % 64 == 0; };
     int c0 = 0;
     for (; c0 + 8 * kTile <= d; c0 += 8 * kTile) {
-      if (8 * kTile * sizeof(T) >= 64 || starts_line(c0)) {
-        accumulate_block<GC, kTile, T, true>(w, ld, c0, d, j0, j1, m, value, out);
-      } else {
-        accumulate_block<GC, kTile, T, false>(w, ld, c0, d, j0, j1, m, value, out);
-      }
+      with_tile_prefetch<T>(c0, 8 * kTile, [&]<bool P>() {
+        accumulate_block<GC, kTile, T, P>(w, ld, c0, d, j0, j1, m, value, out);
+      });
     }
     for (; c0 < d; c0 += 8) {
-      if (starts_line(c0)) {
-        accumulate_block<GC, 1, T, true>(w, ld, c0, d, j0, j1, m, value, out);
-      } else {
-        accumulate_block<GC, 1, T, false>(w, ld, c0, d, j0, j1, m, value, out);
-      }
+      with_tile_prefetch<T>(c0, 8, [&]<bool P>() {
+        accumulate_block<GC, 1, T, P>(w, ld, c0, d, j0, j1, m, value, out);
+      });
     }
   }
 }
