@@ -48,6 +48,16 @@ inline constexpr model llama32_1b{"llama32_1b", 16, 32, 8, 64};   // Llama-3.2-1
 // pass. Set by BM_bandwidth_reference (registered first); measured lazily if it was filtered out.
 double bandwidth_reference();
 void set_bandwidth_reference(double bytes_per_second);
+// One pass of the same streaming read now (a 256 MB array kept for the run, every thread), in
+// bytes/s: a decode row interleaves these with its steps, its reference beside it. On a shared VM
+// the read rate moves between regimes (52 <-> 80 GB/s, for bursts of 0.2 s to seconds, every
+// array at once; docs/performance.md), so a row is compared with the rate the machine delivered
+// while the row ran, not with the run's best pass.
+double bandwidth_now();
+// Whether decode rows measure that reference beside them (the default; --kvsift_reference=run:
+// the run's reference, as the loaded pass does, whose busy host would only slow the passes).
+bool reference_beside();
+void set_reference_beside(bool on);
 // One timed pass over `a` (seconds) with `threads` OpenMP threads (0: all).
 double streaming_read_pass(const float* a, std::size_t n, double* sink, int threads);
 kvsift::kv_vector<float> make_bandwidth_array();  // in the stores' memory (core/kv_memory.hpp)
@@ -65,13 +75,15 @@ kvsift::kv_vector<float> make_bandwidth_array();  // in the stores' memory (core
 double arithmetic_reference();
 double fma_pass(int threads);  // one timed pass: multiply-adds per second with `threads` (0: all)
 
-// Sets bytes_per_second, tokens_per_second and bw_fraction from per-iteration amounts.
-inline void report(benchmark::State& st, double bytes_per_iter, double tokens_per_iter) {
+// Sets bytes_per_second, tokens_per_second and bw_fraction from per-iteration amounts;
+// bw_fraction divides by `reference` (bytes/s; 0: the run's bandwidth reference).
+inline void report(benchmark::State& st, double bytes_per_iter, double tokens_per_iter,
+                   double reference = 0.0) {
   const double it = static_cast<double>(st.iterations());
+  if (reference <= 0.0) reference = bandwidth_reference();
   st.counters["bytes_per_second"] = benchmark::Counter(bytes_per_iter * it, benchmark::Counter::kIsRate);
   st.counters["tokens_per_second"] = benchmark::Counter(tokens_per_iter * it, benchmark::Counter::kIsRate);
-  st.counters["bw_fraction"] =
-      benchmark::Counter(bytes_per_iter * it / bandwidth_reference(), benchmark::Counter::kIsRate);
+  st.counters["bw_fraction"] = benchmark::Counter(bytes_per_iter * it / reference, benchmark::Counter::kIsRate);
 }
 
 // The q-quantile of `xs` (nearest rank; reorders xs), 0 when empty.

@@ -33,7 +33,6 @@ struct method_fixture {
   int n, budget, r, layer;
   store_t store;
   std::optional<method_t> meth;
-  bool warm = false;  // a decode step ran since the last prefill
   // one prefill chunk of random KV and queries, reused for every chunk of the prompt
   std::vector<T> ck, cv;
   std::vector<float> cq;
@@ -63,7 +62,6 @@ struct method_fixture {
   // Empties the store and builds a fresh method (not timed).
   void reset() {
     meth.reset();
-    warm = false;
     for (int q = 0; q < r; ++q) store.reset(q);
     meth.emplace(store, Spec::template params<store_t>(budget));
   }
@@ -135,13 +133,41 @@ void bm_decode(benchmark::State& st, const model& m, int n, int b, int r) {
     fx.reset();
     fx.prefill();
   }
-  if (!fx.warm) {  // one untimed step: per-prompt one-off work (e.g. Quest's digest cache) is done
-    fx.meth->decode(fx.layer, std::span<const kvsift::decode_token<T>>(fx.tokens));
-    fx.meth->attend(fx.layer, std::span<const kvsift::decode_token<T>>(fx.tokens), fx.out.data());
-    fx.meth->after_attention(fx.layer, std::span<const kvsift::decode_token<T>>(fx.tokens));
-    fx.warm = true;
-  }
   const std::span<const kvsift::decode_token<T>> tokens(fx.tokens);
+  const auto step = [&] {
+    const auto& plan = fx.meth->decode(fx.layer, tokens);
+    benchmark::DoNotOptimize(plan.slots.values.data());
+    fx.meth->attend(fx.layer, tokens, fx.out.data());
+    benchmark::DoNotOptimize(fx.out.data());
+    fx.meth->after_attention(fx.layer, tokens);
+    return plan.slots.values.size();
+  };
+  const auto refill_if_full = [&] {
+    if (fx.room_for_step()) return;
+    fx.reset();
+    fx.prefill();
+  };
+  const auto untimed_step = [&] {  // and room for the next one
+    refill_if_full();
+    step();
+    refill_if_full();
+  };
+  // The streaming-read reference beside this row: one pass every ~20 ms of steps, each stretch of
+  // steps compared with the better of the passes either side of it. A pass leaves the caches
+  // cold, so one untimed step follows each (the first also does per-prompt one-off work, e.g.
+  // Quest's digest cache). Without it (--kvsift_reference=run) the run's reference is the row's.
+  const bool beside = reference_beside();
+  constexpr double round_seconds = 0.02;
+  double reference_before = beside ? bandwidth_now() : 0.0, in_round = 0.0, weighted = 0.0, timed = 0.0;
+  const auto close_round = [&] {
+    if (!beside) return;
+    const double reference_after = bandwidth_now();
+    weighted += in_round * std::max(reference_before, reference_after);
+    timed += in_round;
+    in_round = 0.0;
+    reference_before = reference_after;
+  };
+  untimed_step();
   double bytes = 0.0, fmas = 0.0;
   const auto& sh = fx.store.shape();
   const double fmas_per_row = 2.0 * sh.group_size() * sh.head_dim;  // q.k and p.v, G query heads
@@ -150,33 +176,34 @@ void bm_decode(benchmark::State& st, const model& m, int n, int b, int r) {
   std::vector<double> step_seconds;
   step_seconds.reserve(4096);
   for (auto _ : st) {
-    if (!fx.room_for_step()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto attended = step();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_seconds.push_back(seconds);
+    bytes += fx.resident_kv_bytes();  // read after the step: the kept set plus the new token
+    fmas += fmas_per_row * static_cast<double>(attended);  // the rows it attends
+    in_round += seconds;
+    if ((beside && in_round >= round_seconds) || !fx.room_for_step()) {
       st.PauseTiming();
-      fx.reset();
-      fx.prefill();
-      fx.meth->decode(fx.layer, tokens);
-      fx.meth->attend(fx.layer, tokens, fx.out.data());
-      fx.meth->after_attention(fx.layer, tokens);
-      fx.warm = true;
+      close_round();
+      untimed_step();
       st.ResumeTiming();
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto& plan = fx.meth->decode(fx.layer, tokens);
-    benchmark::DoNotOptimize(plan.slots.values.data());
-    fx.meth->attend(fx.layer, tokens, fx.out.data());
-    benchmark::DoNotOptimize(fx.out.data());
-    fx.meth->after_attention(fx.layer, tokens);
-    step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    bytes += fx.resident_kv_bytes();  // read after the step: the kept set plus the new token
-    fmas += fmas_per_row * static_cast<double>(plan.slots.values.size());  // the rows it attends
   }
+  close_round();
+  const double reference = timed > 0.0 ? weighted / timed : bandwidth_reference();
   const double iters = std::max<double>(1.0, static_cast<double>(st.iterations()));
   st.counters["resident_bytes"] = bytes / iters;
   st.counters["step_p50_ms"] = 1e3 * quantile(step_seconds, 0.50);
   st.counters["step_p99_ms"] = 1e3 * quantile(step_seconds, 0.99);
+  st.counters["steps"] = static_cast<double>(step_seconds.size());
   // the step's attention arithmetic against the machine's multiply-add rate (bench/common.hpp)
   st.counters["fma_fraction"] = benchmark::Counter(fmas / arithmetic_reference(), benchmark::Counter::kIsRate);
-  report(st, bytes / iters, static_cast<double>(r));
+  st.counters["bw_reference_beside"] = reference;
+  // bw_fraction against the reference beside the row; bw_fraction_run against the run's best
+  st.counters["bw_fraction_run"] =
+      benchmark::Counter(bytes / bandwidth_reference(), benchmark::Counter::kIsRate);
+  report(st, bytes / iters, static_cast<double>(r), reference);
 }
 
 template <class Spec>

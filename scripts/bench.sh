@@ -15,7 +15,9 @@
 #                one (bench.json): one busy process per core runs for the second pass (started and
 #                stopped here); both passes run the library's loops on the benchmark's thread
 #                (--kvsift_threading=caller, cpu::scoped_threading); summary.md has each row's
-#                loaded step_p99_ms against its quiet step_p50_ms
+#                loaded step_p99_ms against its quiet step_p50_ms; each row runs 0.5 s (--min-time)
+#                and is compared with the run's bandwidth reference (--kvsift_reference=run), not
+#                with the passes a quiet --quick row interleaves with its steps
 #   --nice N     with --loaded: the busy processes run at nice N (default 0, the benchmark's own
 #                priority); N > 0 is a host whose background work yields to the engine's decode
 #                thread, as an engine would set it
@@ -107,7 +109,10 @@ if [[ ${quick} -eq 1 ]]; then
       '^BM_decode/(full_kv|streaming_llm|snapkv|quest|lagkv|dynamickv)/llama31_8b/bf16/n4096/(B1024/)?r4/'
       '^BM_decode/(full_kv|quest)/llama32_1b/bf16/n32768/(B1024/)?r1/'
     )
-    args+=("--kvsift_threading=${threading}")
+    # the run's reference (passes beside each row would only read a busy host's rate), and each
+    # row long enough (0.5 s: hundreds of steps for the slowest) for its p99 to be a tail, not a max
+    args+=("--kvsift_threading=${threading}" "--kvsift_reference=run")
+    min_time="${min_time:-0.5}"
     [[ ${out_given} -eq 1 ]] || out="${root}/build/bench-results-loaded"
   fi
   filter="$(IFS='|'; echo "${parts[*]}")"
