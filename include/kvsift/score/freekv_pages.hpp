@@ -188,26 +188,11 @@ struct freekv_pages {
   void forget() { digests_.clear(); }
 
  private:
-  struct digest {
-    std::vector<float> kmin, kmax;  // [pages, d]
-    int length = 0;
-    std::int32_t last_position = -1;
-  };
+  using digest = cpu::page_digests;
 
   template <class Store>
   void refresh_digest(const Store& store, std::int64_t seq) const {
-    const int n = store.length(seq);
-    const int d = store.shape().head_dim;
-    const int pages = (n + p.page_size - 1) / p.page_size;
-    digest& dg = digests_[seq];
-    const bool appended_only = dg.length > 0 && dg.length <= n &&
-                               store.position(seq, dg.length - 1) == dg.last_position;
-    const int first_page = appended_only ? dg.length / p.page_size : 0;
-    dg.kmin.resize(static_cast<std::size_t>(pages) * d);
-    dg.kmax.resize(dg.kmin.size());
-    cpu::page_digest(store, seq, p.page_size, dg.kmin, dg.kmax, first_page);
-    dg.length = n;
-    dg.last_position = n > 0 ? store.position(seq, n - 1) : -1;
+    digests_[seq].refresh(store, seq, p.page_size);
   }
 
   // rows [G, P]: segment s's query heads' bounds of its pages; pages past the known tokens

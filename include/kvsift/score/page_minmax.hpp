@@ -6,6 +6,8 @@
 #include <kvsift/score/context.hpp>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <unordered_map>
 #include <vector>
@@ -36,6 +38,40 @@ void page_digest(const Store& store, std::int64_t seq, int page_size, std::span<
     }
   }
 }
+
+// A head-sequence's cached page digests (Quest's and FreeKV's page scorers), brought up to the
+// store's tokens by refresh(): while the store only appends, from the last cached page on (the
+// one that was partial); after a compaction, from page 0. Growing past its capacity, the cache
+// reserves twice what it needs: the reserve is address space until a page is digested into it,
+// and a cache sized exactly by the prompt's prefill otherwise reallocated, copied and faulted in
+// every head-sequence's digests at the first page a decode step completes (a 32K bf16 Quest
+// step of 1.4 ms took 7-8 ms there, every request, on a 2-core Intel Xeon VM:
+// docs/performance.md, "2026-12-02").
+struct page_digests {
+  std::vector<float> kmin, kmax;  // [pages, d]
+  int length = 0;                 // tokens the digest covers
+  std::int32_t last_position = -1;
+
+  template <class Store>
+  void refresh(const Store& store, std::int64_t seq, int page_size) {
+    const int n = store.length(seq);
+    const int d = store.shape().head_dim;
+    const int pages = (n + page_size - 1) / page_size;
+    const bool appended_only =
+        length > 0 && length <= n && store.position(seq, length - 1) == last_position;
+    const int first_page = appended_only ? length / page_size : 0;
+    const std::size_t need = static_cast<std::size_t>(pages) * d;
+    if (need > kmin.capacity()) {
+      kmin.reserve(2 * need);
+      kmax.reserve(2 * need);
+    }
+    kmin.resize(need);
+    kmax.resize(need);
+    page_digest(store, seq, page_size, kmin, kmax, first_page);
+    length = n;
+    last_position = n > 0 ? store.position(seq, n - 1) : -1;
+  }
+};
 
 // Quest's upper bound of q . k over a page: sum_c max(q_c * kmax_c, q_c * kmin_c) (no scale).
 inline float page_bound(const float* q, const float* kmin, const float* kmax, int d) {
@@ -124,28 +160,13 @@ struct page_minmax {
   }
 
  private:
-  struct digest {
-    std::vector<float> kmin, kmax;  // [pages, d]
-    int length = 0;                 // tokens the digest covers
-    std::int32_t last_position = -1;
-  };
+  using digest = cpu::page_digests;
 
   // Brings the cached digest of `seq` up to the store's current tokens (serially, before any
   // parallel read of the cache).
   template <class Store>
   void refresh_digest(const Store& store, std::int64_t seq) {
-    const int n = store.length(seq);
-    const int d = store.shape().head_dim;
-    const int pages = (n + p.page_size - 1) / p.page_size;
-    digest& dg = digests_[seq];
-    const bool appended_only = dg.length > 0 && dg.length <= n &&
-                               store.position(seq, dg.length - 1) == dg.last_position;
-    const int first_page = appended_only ? dg.length / p.page_size : 0;
-    dg.kmin.resize(static_cast<std::size_t>(pages) * d);
-    dg.kmax.resize(dg.kmin.size());
-    cpu::page_digest(store, seq, p.page_size, dg.kmin, dg.kmax, first_page);
-    dg.length = n;
-    dg.last_position = n > 0 ? store.position(seq, n - 1) : -1;
+    digests_[seq].refresh(store, seq, p.page_size);
   }
 
   // rows [G, pages]: the bounds of segment s's pages for each query head of its group.

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// cpu::page_digests, the page digest cache of Quest's and FreeKV's page scorers
+// (score/page_minmax.hpp): equal to a digest from scratch through appends and compactions, and
+// no reallocation of the cache when decode steps complete pages after a prompt's prefill (a
+// cache sized exactly by the prefill copied and faulted in every head-sequence's digests at the
+// first page a decode step completed: a 7-8 ms step among 1.4 ms ones, docs/performance.md
+// "2026-12-02").
+
+#include <kvsift/score/page_minmax.hpp>
+#include <kvsift/store/paged.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using kvsift::model_shape;
+
+constexpr int kPage = 16;
+
+// Appends `tokens` tokens at positions first.. to request 0, layer 0: keys vary with position,
+// head and channel.
+void append(kvsift::store::paged<float>& s, int first, int tokens) {
+  const auto& sh = s.shape();
+  std::vector<float> k(static_cast<std::size_t>(tokens) * sh.kv_heads * sh.head_dim);
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      for (int c = 0; c < sh.head_dim; ++c) {
+        k[(static_cast<std::size_t>(t) * sh.kv_heads + h) * sh.head_dim + c] =
+            std::sin(0.37f * static_cast<float>(first + t) + 1.3f * h + 0.11f * c);
+      }
+    }
+  }
+  const std::vector<float> v(k.size(), 0.5f);
+  using view = kvsift::kv_view<const float, kvsift::nhd>;
+  s.append(0, 0, view::contiguous(k.data(), tokens, sh.kv_heads, sh.head_dim),
+           view::contiguous(v.data(), tokens, sh.kv_heads, sh.head_dim), first);
+}
+
+// The cached digest of seq equals page_digest over the store's tokens from scratch.
+void require_fresh(const kvsift::cpu::page_digests& dg, const kvsift::store::paged<float>& s,
+                   std::int64_t seq) {
+  const int n = s.length(seq);
+  const int d = s.shape().head_dim;
+  const std::size_t size = static_cast<std::size_t>((n + kPage - 1) / kPage) * d;
+  std::vector<float> kmin(size), kmax(size);
+  kvsift::cpu::page_digest(s, seq, kPage, kmin, kmax);
+  REQUIRE(dg.length == n);
+  REQUIRE(dg.kmin == kmin);
+  REQUIRE(dg.kmax == kmax);
+}
+
+}  // namespace
+
+TEST_CASE("page_digests: equal to a digest from scratch through appends and a compaction") {
+  const model_shape sh{1, 2, 1, 8};
+  kvsift::store::paged<float> s(sh, 1, kPage, 64);
+  const std::int64_t seq = sh.sequence(0, 0, 0);
+  kvsift::cpu::page_digests dg;
+  append(s, 0, 37);  // two full pages and a partial one
+  dg.refresh(s, seq, kPage);
+  require_fresh(dg, s, seq);
+  for (int t = 37; t < 70; ++t) {  // decode steps: the partial page fills, new ones start
+    append(s, t, 1);
+    dg.refresh(s, seq, kPage);
+    require_fresh(dg, s, seq);
+  }
+  // a compaction moves tokens between pages: the cache starts again from page 0
+  kvsift::index_sets kept;
+  std::vector<std::int32_t> slots;
+  for (int j = 0; j < s.length(seq); j += 3) slots.push_back(j);
+  kept.push_back(slots);
+  s.retain(0, 0, kept);
+  dg.refresh(s, seq, kPage);
+  require_fresh(dg, s, seq);
+  append(s, 70, 5);
+  dg.refresh(s, seq, kPage);
+  require_fresh(dg, s, seq);
+}
+
+TEST_CASE("page_digests: decode steps after a prefill complete pages without reallocating") {
+  const model_shape sh{1, 4, 2, 16};
+  const int prompt = 64 * kPage;
+  kvsift::store::paged<float> s(sh, 1, kPage, 2 * (prompt / kPage) * 4);
+  const std::int64_t seq = sh.sequence(0, 0, 1);
+  kvsift::cpu::page_digests dg;
+  append(s, 0, prompt);  // the prompt: whole pages, as a prefill leaves them
+  dg.refresh(s, seq, kPage);
+  const float* kmin = dg.kmin.data();
+  const float* kmax = dg.kmax.data();
+  for (int t = prompt; t < prompt + 8 * kPage; ++t) {  // eight more pages, a token a step
+    append(s, t, 1);
+    dg.refresh(s, seq, kPage);
+  }
+  REQUIRE(dg.kmin.data() == kmin);
+  REQUIRE(dg.kmax.data() == kmax);
+  require_fresh(dg, s, seq);
+}
