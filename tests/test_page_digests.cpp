@@ -4,14 +4,18 @@
 // no reallocation of the cache when decode steps complete pages after a prompt's prefill (a
 // cache sized exactly by the prefill copied and faulted in every head-sequence's digests at the
 // first page a decode step completed: a 7-8 ms step among 1.4 ms ones, docs/performance.md
-// "2026-12-02").
+// "2026-12-02"). And cpu::page_bounds, Quest's page scores of a GQA group: page_bound's bits on
+// every path.
 
+#include <kvsift/cpu/simd.hpp>
 #include <kvsift/score/page_minmax.hpp>
 #include <kvsift/store/paged.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <vector>
 
@@ -98,4 +102,61 @@ TEST_CASE("page_digests: decode steps after a prefill complete pages without rea
   REQUIRE(dg.kmin.data() == kmin);
   REQUIRE(dg.kmax.data() == kmax);
   require_fresh(dg, s, seq);
+}
+
+TEST_CASE("page_bounds: page_bound's bits for every head and page, on every vector path") {
+  using kvsift::cpu::simd;
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int d : {8, 64, 128, 12}) {  // 12: no vector path (d % 8 != 0)
+    for (const int G : {1, 3, 4, 5, 8}) {
+      for (const int pages : {1, 2, 7}) {
+        std::vector<float> q(static_cast<std::size_t>(G) * d), kmin(static_cast<std::size_t>(pages) * d),
+            kmax(kmin.size());
+        for (std::size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.7f * static_cast<float>(i) + 0.1f * G);
+        for (std::size_t i = 0; i < kmin.size(); ++i) {
+          const float a = std::sin(1.3f * static_cast<float>(i) + 0.2f * d);
+          const float b = std::cos(0.9f * static_cast<float>(i) - 0.3f * pages);
+          kmin[i] = std::min(a, b) * 3.0f;
+          kmax[i] = std::max(a, b) * 3.0f;
+        }
+        // the cases page_bound's `a < b ? b : a` decides by operand order: signed zeros, NaN,
+        // infinities, and a page of zeros whose bound is -0 + 0
+        q[0] = -0.0f;
+        kmin[1 % d] = -0.0f;
+        kmax[1 % d] = 0.0f;
+        if (d > 4) {
+          q[2] = nan;
+          kmax[3] = inf;
+          kmin[4] = -inf;
+        }
+        std::vector<const float*> heads;
+        for (int g = 0; g < G; ++g) heads.push_back(q.data() + static_cast<std::size_t>(g) * d);
+        if (pages > 1) {
+          std::fill(kmin.begin() + d, kmin.begin() + 2 * d, -0.0f);
+          std::fill(kmax.begin() + d, kmax.begin() + 2 * d, -0.0f);
+        }
+        for (const simd level : {simd::portable, simd::avx2, simd::avx512}) {
+          if (level > kvsift::cpu::detected_simd()) continue;
+          const std::size_t ld = static_cast<std::size_t>(pages) + 3;  // rows' stride > pages
+          std::vector<float> rows(static_cast<std::size_t>(G) * ld, 42.0f);
+          kvsift::cpu::page_bounds(heads.data(), G, kmin.data(), kmax.data(), pages, d, rows.data(),
+                                   ld, level);
+          for (int g = 0; g < G; ++g) {
+            for (int j = 0; j < pages; ++j) {
+              const float want = kvsift::cpu::page_bound(heads[g], kmin.data() + static_cast<std::size_t>(j) * d,
+                                                         kmax.data() + static_cast<std::size_t>(j) * d, d);
+              const float got = rows[static_cast<std::size_t>(g) * ld + j];
+              INFO("d " << d << " G " << G << " page " << j << " head " << g << " level "
+                        << kvsift::cpu::simd_name(level));
+              REQUIRE(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
+            }
+            for (std::size_t j = static_cast<std::size_t>(pages); j < ld; ++j) {
+              REQUIRE(rows[static_cast<std::size_t>(g) * ld + j] == 42.0f);  // nothing past pages
+            }
+          }
+        }
+      }
+    }
+  }
 }

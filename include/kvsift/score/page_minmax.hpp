@@ -3,6 +3,7 @@
 
 #include <kvsift/cpu/math.hpp>
 #include <kvsift/cpu/parallel.hpp>
+#include <kvsift/cpu/simd.hpp>
 #include <kvsift/score/context.hpp>
 
 #include <algorithm>
@@ -39,6 +40,95 @@ void page_digest(const Store& store, std::int64_t seq, int page_size, std::span<
   }
 }
 
+// Quest's upper bound of q . k over a page: sum_c max(q_c * kmax_c, q_c * kmin_c) (no scale).
+inline float page_bound(const float* q, const float* kmin, const float* kmax, int d) {
+  return kvsift::page_bound(q, kmin, kmax, d);
+}
+
+namespace detail {
+
+#if KVSIFT_HAVE_X86_SIMD_PATH
+// out[g * ld + j] = page_bound(q[g], page j0 + j) for GC <= 4 heads and P pages from j0, bit for
+// bit: lane l of an 8-wide accumulator sums the channels c = l (mod 8) by two multiplies, a
+// max(b, a) (MAXPS returns its second operand unless the first is greater: page_bound's
+// `a < b ? b : a`, NaN and signed zeros included) and an add, as page_bound's acc[l] does; the
+// lanes then combine in combine8's pairs. Compiled without FMA (nothing to fuse in any case).
+template <int GC, int P>
+KVSIFT_TARGET_AVX2_NOFMA void page_bounds_block(const float* const* q, const float* kmin,
+                                                const float* kmax, int d, float* out,
+                                                std::size_t ld) {
+  __m256 acc[P][GC];
+  KVSIFT_UNROLL
+  for (int p = 0; p < P; ++p) {
+    KVSIFT_UNROLL
+    for (int g = 0; g < GC; ++g) acc[p][g] = _mm256_setzero_ps();
+  }
+  for (int c = 0; c < d; c += 8) {
+    __m256 hi[P], lo[P];
+    KVSIFT_UNROLL
+    for (int p = 0; p < P; ++p) {
+      hi[p] = _mm256_loadu_ps(kmax + static_cast<std::size_t>(p) * d + c);
+      lo[p] = _mm256_loadu_ps(kmin + static_cast<std::size_t>(p) * d + c);
+    }
+    KVSIFT_UNROLL
+    for (int g = 0; g < GC; ++g) {
+      const __m256 qv = _mm256_loadu_ps(q[g] + c);
+      KVSIFT_UNROLL
+      for (int p = 0; p < P; ++p) {
+        const __m256 a = _mm256_mul_ps(qv, hi[p]);
+        const __m256 b = _mm256_mul_ps(qv, lo[p]);
+        acc[p][g] = _mm256_add_ps(acc[p][g], _mm256_max_ps(b, a));
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    for (int g = 0; g < GC; ++g) {
+      // (a0 + a4, a1 + a5, a2 + a6, a3 + a7), then ((b0 + b1) + (b2 + b3)): combine8
+      const __m128 b = _mm_add_ps(_mm256_castps256_ps128(acc[p][g]), _mm256_extractf128_ps(acc[p][g], 1));
+      __m128 h = _mm_hadd_ps(b, b);
+      h = _mm_hadd_ps(h, h);
+      const float tail = 0.0f;  // d % 8 == 0: page_bound's empty tail, still added (-0 + 0 = +0)
+      out[static_cast<std::size_t>(g) * ld + p] = _mm_cvtss_f32(h) + tail;
+    }
+  }
+}
+#endif
+
+}  // namespace detail
+
+// rows[g * ld + j] = page_bound(q[g], kmin + j * d, kmax + j * d, d) for g < G and j < pages, bit
+// for bit, each page's digest read once for the whole group (four heads at a time, two pages at
+// a time on AVX2: eight independent chains), where a loop per head re-reads every digest G times.
+inline void page_bounds(const float* const* q, int G, const float* kmin, const float* kmax,
+                        int pages, int d, float* rows, std::size_t ld, simd level = active_simd()) {
+#if KVSIFT_HAVE_X86_SIMD_PATH
+  if (level >= simd::avx2 && d % 8 == 0) {
+    for (int g0 = 0; g0 < G; g0 += 4) {
+      detail::with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
+        int j = 0;
+        for (; j + 2 <= pages; j += 2) {
+          const std::size_t at = static_cast<std::size_t>(j) * d;
+          detail::page_bounds_block<GC, 2>(q + g0, kmin + at, kmax + at, d,
+                                           rows + static_cast<std::size_t>(g0) * ld + j, ld);
+        }
+        if (j < pages) {
+          const std::size_t at = static_cast<std::size_t>(j) * d;
+          detail::page_bounds_block<GC, 1>(q + g0, kmin + at, kmax + at, d,
+                                           rows + static_cast<std::size_t>(g0) * ld + j, ld);
+        }
+      });
+    }
+    return;
+  }
+#endif
+  (void)level;
+  for (int j = 0; j < pages; ++j) {
+    const float* mn = kmin + static_cast<std::size_t>(j) * d;
+    const float* mx = kmax + static_cast<std::size_t>(j) * d;
+    for (int g = 0; g < G; ++g) rows[static_cast<std::size_t>(g) * ld + j] = page_bound(q[g], mn, mx, d);
+  }
+}
+
 // A head-sequence's cached page digests (Quest's and FreeKV's page scorers), brought up to the
 // store's tokens by refresh(): while the store only appends, from the last cached page on (the
 // one that was partial); after a compaction, from page 0. Growing past its capacity, the cache
@@ -72,11 +162,6 @@ struct page_digests {
     last_position = n > 0 ? store.position(seq, n - 1) : -1;
   }
 };
-
-// Quest's upper bound of q . k over a page: sum_c max(q_c * kmax_c, q_c * kmin_c) (no scale).
-inline float page_bound(const float* q, const float* kmin, const float* kmax, int d) {
-  return kvsift::page_bound(q, kmin, kmax, d);
-}
 
 }  // namespace kvsift::cpu
 
@@ -187,13 +272,11 @@ struct page_minmax {
     const float* kmin = dg.kmin.data();
     const float* kmax = dg.kmax.data();
     const auto& q = in.queries[r];
-    for (int g = 0; g < G; ++g) {
-      const float* qv = q.row(q.tokens - 1, h * G + g);
-      for (int pg = 0; pg < pages; ++pg) {
-        rows[static_cast<std::size_t>(g) * pages + pg] =
-            cpu::page_bound(qv, kmin + pg * d, kmax + pg * d, d);
-      }
-    }
+    thread_local std::vector<const float*> heads;  // the group's newest query rows
+    heads.resize(static_cast<std::size_t>(G));
+    for (int g = 0; g < G; ++g) heads[g] = q.row(q.tokens - 1, h * G + g);
+    cpu::page_bounds(heads.data(), G, kmin, kmax, pages, d, rows.data(),
+                     static_cast<std::size_t>(pages));
   }
 
   std::unordered_map<std::int64_t, digest> digests_;  // per head-sequence
