@@ -48,8 +48,8 @@ inline float page_bound(const float* q, const float* kmin, const float* kmax, in
 namespace detail {
 
 #if KVSIFT_HAVE_X86_SIMD_PATH
-// out[g * ld + j] = page_bound(q[g], page j0 + j) for GC <= 4 heads and P pages from j0, bit for
-// bit: lane l of an 8-wide accumulator sums the channels c = l (mod 8) by two multiplies, a
+// out[g * ld + j] = page_bound(q[g], kmin + j * d, kmax + j * d, d) for GC <= 4 heads and the P
+// pages at kmin / kmax, bit for bit: lane l of an 8-wide accumulator sums the channels c = l (mod 8) by two multiplies, a
 // max(b, a) (MAXPS returns its second operand unless the first is greater: page_bound's
 // `a < b ? b : a`, NaN and signed zeros included) and an add, as page_bound's acc[l] does; the
 // lanes then combine in combine8's pairs. Compiled without FMA (nothing to fuse in any case).
