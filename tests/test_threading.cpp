@@ -53,6 +53,38 @@ std::set<std::thread::id> threads_of_loop(std::int64_t n) {
 
 }  // namespace
 
+// The OpenMP loop (cpu::detail::run_shares): a share of [0, n) per thread, run first by its own
+// thread, the rest taken over by whoever is free. Whatever the team and n, each item runs once.
+TEST_CASE("threading: the pool's loop runs every item exactly once, for any team and size",
+          "[threading]") {
+  for (const int threads : {1, 2, 3, 4, 7, 8, 65, 100}) {  // 65, 100: more than 64 shares
+    for (const std::int64_t n : {2, 3, 5, 8, 9, 63, 64, 65, 257, 1000}) {
+      std::vector<std::atomic<int>> runs(static_cast<std::size_t>(n));
+      kvsift::cpu::parallel_for(n, [&](std::int64_t i) { runs[static_cast<std::size_t>(i)]++; },
+                                kvsift::cpu::par_t{.threads = threads},
+                                kvsift::cpu::parallel_threshold);
+      int wrong = 0;
+      for (const auto& r : runs) wrong += r.load() != 1;
+      INFO("threads " << threads << ", n " << n);
+      REQUIRE(wrong == 0);
+    }
+  }
+}
+
+TEST_CASE("threading: a parallel loop inside a parallel loop's item runs every inner item once",
+          "[threading]") {
+  constexpr std::int64_t outer = 6, inner = 37;
+  std::vector<std::atomic<int>> runs(static_cast<std::size_t>(outer * inner));
+  kvsift::cpu::parallel_for(outer, [&](std::int64_t o) {
+    kvsift::cpu::parallel_for(inner, [&](std::int64_t i) {
+      runs[static_cast<std::size_t>(o * inner + i)]++;
+    }, kvsift::cpu::par, kvsift::cpu::parallel_threshold);
+  }, kvsift::cpu::par_t{.threads = 3}, kvsift::cpu::parallel_threshold);
+  int wrong = 0;
+  for (const auto& r : runs) wrong += r.load() != 1;
+  REQUIRE(wrong == 0);
+}
+
 TEST_CASE("threading: caller runs every loop on the calling thread, executor gets every loop",
           "[threading]") {
   const auto me = std::this_thread::get_id();
