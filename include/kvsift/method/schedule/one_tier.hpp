@@ -7,8 +7,10 @@
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
+#include <kvsift/cpu/parallel.hpp>
 #include <kvsift/method/lifecycle.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <span>
@@ -105,10 +107,6 @@ class one_tier {
     }
     plan.slots.resize(sizes_);
     plan.pages.clear();
-    for (int s = 0; s < plan.slots.segments(); ++s) {
-      auto seg = plan.slots[s];
-      std::iota(seg.begin(), seg.end(), 0);
-    }
     if (page_size > 0) {
       for (int& n : sizes_) n = (n + page_size - 1) / page_size;
       plan.pages.resize(sizes_);
@@ -117,25 +115,32 @@ class one_tier {
         std::iota(seg.begin(), seg.end(), 0);
       }
     }
-    fill_positions(m, layer, plan);
+    fill_positions(m, layer, plan, /*slots_too=*/true);
   }
 
+  // plan.positions from plan.slots, segment by segment (with `slots_too`, each segment's slots
+  // [0, n) written first). In parallel over the segments when the plan is large: a whole 32K
+  // cache's positions are gathered page by page (a page's 16 entries one cache line, the next
+  // page's elsewhere), ~0.4 ms for 8 heads on one core, which the attention's threads waited for.
   template <class M>
-  static void fill_positions(const M& m, int layer, attention_plan& plan) {
+  static void fill_positions(const M& m, int layer, attention_plan& plan, bool slots_too = false) {
     const auto& st = m.store();
     const auto& sh = st.shape();
     plan.positions.offsets = plan.slots.offsets;
     plan.positions.values.resize(plan.slots.values.size());
-    for (int s = 0; s < plan.slots.segments(); ++s) {
+    const int segments = plan.slots.segments();
+    cpu::parallel_for(segments, [&](std::int64_t s64) {
+      const int s = static_cast<int>(s64);
       const auto seq = sh.sequence(plan.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
       const auto in = plan.slots[s];
+      if (slots_too) std::iota(in.begin(), in.end(), 0);
       auto out = plan.positions[s];
       if constexpr (requires { st.positions_of(seq, in, out.data()); }) {
         st.positions_of(seq, in, out.data());  // one lookup per slot, inline
       } else {
         for (std::size_t i = 0; i < in.size(); ++i) out[i] = st.position(seq, in[i]);
       }
-    }
+    }, cpu::par, static_cast<std::int64_t>(plan.slots.values.size()) / std::max(1, segments));
   }
 
   template <class M>
