@@ -6,7 +6,7 @@
 //
 // - portable: plain C++ over core/dot.hpp's 8-lane order (any compiler, any CPU; the path nvcc's
 //   host pass and non-x86 builds take);
-// - avx512: AVX-512F + F16C intrinsics in functions compiled for that ISA
+// - avx512: AVX-512F/BW + F16C intrinsics in functions compiled for that ISA
 //   (`__attribute__((target))`), chosen at run time when the CPU has them, so a binary built for
 //   generic x86-64 still uses 16-lane FMAs, one-instruction f16 -> f32 conversion, bf16 as even/odd
 //   channel pairs when head_dim % 32 == 0 (load_slot) and a vectorised exp. Needs a head_dim

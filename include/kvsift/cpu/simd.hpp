@@ -36,7 +36,7 @@
 #else
 #define KVSIFT_UNROLL _Pragma("GCC unroll 16")
 #endif
-#define KVSIFT_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define KVSIFT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
 #define KVSIFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 // AVX2 without FMA: code whose products must round on their own (cpu/group_dots.hpp), and the
 // loads both kinds inline (a callee's target must be a subset of its caller's)
@@ -61,10 +61,14 @@ inline std::string_view simd_name(simd s) {
 // The best path this CPU and build can run.
 inline simd detected_simd() {
 #if KVSIFT_HAVE_X86_SIMD_PATH
-  // Every CPU with AVX-512F also has the FMA, AVX2 and F16C the kernels use. F16C is read from
-  // CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+  // The AVX-512 path needs F and BW (the exact dots widen bf16 by a word permute): every
+  // AVX-512 CPU since Skylake-SP has both (only the Xeon Phi lacks BW and takes AVX2), and the
+  // FMA, AVX2 and F16C the kernels use. F16C is read from CPUID (leaf 1, ECX bit 29): clang 14's
+  // __builtin_cpu_supports does not know "f16c".
   static const simd best = [] {
-    if (__builtin_cpu_supports("avx512f")) return simd::avx512;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+      return simd::avx512;
+    }
     unsigned a = 0, b = 0, c = 0, d = 0;
     const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c
