@@ -71,7 +71,7 @@ constexpr __mmask16 kAll = 0xFFFF;
 // AVX-512BW) puts a's and b's words in the odd words (the high halves) of lanes 0-7 and 8-15 and
 // zeroes the even ones, where an insert, a widening and a shift took three. On a 2-core Zen 5 VM,
 // one GQA group (4 heads, head_dim 128, 256 rows in L1/L2): 2.15-2.24 -> 1.76-1.92 us; on Ice
-// Lake the same speed (docs/cpu-runs/2026-12-02c, items 5-6; ../2026-12-02b/dots-convert.cpp).
+// Lake the same speed (docs/cpu-runs/2026-12-02c/results.txt, item 5; ../2026-12-02b).
 template <Element T>
 KVSIFT_TARGET_AVX512 inline __m512 load8x2(const T* a, const T* b) {
   if constexpr (std::is_same_v<T, float>) {
