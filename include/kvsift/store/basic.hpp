@@ -85,13 +85,13 @@ class basic_store {
     // map read run by run of adjacent entries (a page's), not through a page lookup per slot
     if (!ordered && consecutive(slots)) {
       const int first = slots[0];
-      for_each_run(seq, first, first + static_cast<int>(m), [&](int slot, int run) {
-        const std::int32_t* rows = d.row_slot(seq, slot);
+      for_each_piece(seq, first, first + static_cast<int>(m), [&](int slot, std::int64_t f0, int count) {
         const auto i = static_cast<std::size_t>(slot - first);
-        for (int j = 0; j < run; ++j) {
-          const auto f = static_cast<std::size_t>(d.flat(seq, rows[j]));
-          keys[i + j] = d.keys_ + f * dim;
-          values[i + j] = d.values_ + f * dim;
+        const T* k = d.keys_ + static_cast<std::size_t>(f0) * dim;
+        const T* v = d.values_ + static_cast<std::size_t>(f0) * dim;
+        for (int t = 0; t < count; ++t) {
+          keys[i + t] = k + static_cast<std::size_t>(t) * dim;
+          values[i + t] = v + static_cast<std::size_t>(t) * dim;
         }
       });
       return;
@@ -410,16 +410,35 @@ class basic_store {
   // whose entries are adjacent (a page's), one address per run, not per slot
   template <class V>
   void positions_range(std::int64_t seq, int first, int last, V* out) const {
-    const Derived& d = self();
-    const bool ordered = ordered_[seq] != 0;
-    for_each_run(seq, first, last, [&](int i, int run) {
+    const std::int32_t* positions = self().positions_.data();
+    for_each_piece(seq, first, last, [&](int i, std::int64_t f0, int count) {
       V* o = out + (i - first);
-      if (ordered) {
-        const std::int32_t* pos = d.position_slot(seq, i);
-        for (int j = 0; j < run; ++j) o[j] = static_cast<V>(pos[j]);
-      } else {
-        const std::int32_t* rows = d.row_slot(seq, i);
-        for (int j = 0; j < run; ++j) o[j] = static_cast<V>(*d.position_slot(seq, rows[j]));
+      const std::int32_t* pos = positions + f0;
+      for (int t = 0; t < count; ++t) o[t] = static_cast<V>(pos[t]);
+    });
+  }
+  // f(i, f0, count) for pieces that cover slots [first, last) in order, each piece the slots
+  // i .. i + count - 1 held by the adjacent flat rows f0 .. f0 + count - 1 (keys at keys_ + f0 * d,
+  // positions at positions_ + f0): in slot order a run (for_each_run); out of order, a stretch of a
+  // run whose rows are consecutive within one page, found by one compare per slot. A sliding
+  // window's evictions, each hole refilled by the next token, leave the rows a rotation: two
+  // stretches per head-sequence instead of a page lookup per slot. Scattered rows give pieces of one.
+  template <class F>
+  void for_each_piece(std::int64_t seq, int first, int last, F&& f) const {
+    const Derived& d = self();
+    if (ordered_[seq]) {
+      for_each_run(seq, first, last, [&](int i, int run) { f(i, d.flat(seq, i), run); });
+      return;
+    }
+    for_each_run(seq, first, last, [&](int i, int run) {
+      const std::int32_t* rows = d.row_slot(seq, i);
+      for (int j = 0; j < run;) {
+        const int r = rows[j];
+        const int room = std::min(run - j, d.adjacent_slots(seq, r));
+        int k = 1;
+        while (k < room && rows[j + k] == r + k) ++k;
+        f(i + j, d.flat(seq, r), k);
+        j += k;
       }
     });
   }
