@@ -81,8 +81,8 @@ class basic_store {
     const std::size_t dim = static_cast<std::size_t>(shape_.head_dim);
     const bool ordered = ordered_[seq] != 0;
     const std::size_t m = slots.size();
-    // consecutive slots (a whole-cache plan: StreamingLLM's, H2O's) out of row order: the row
-    // map read run by run of adjacent entries (a page's), not through a page lookup per slot
+    // consecutive slots (a whole-cache plan: StreamingLLM's, H2O's) out of row order: piece by
+    // piece of consecutive rows (for_each_piece), not through a page lookup per slot
     if (!ordered && consecutive(slots)) {
       const int first = slots[0];
       for_each_piece(seq, first, first + static_cast<int>(m), [&](int slot, std::int64_t f0, int count) {
@@ -406,8 +406,8 @@ class basic_store {
     }
     return off == 0;
   }
-  // out[i - first] = position(seq, i) for i in [first, last), converted to V: run by run of slots
-  // whose entries are adjacent (a page's), one address per run, not per slot
+  // out[i - first] = position(seq, i) for i in [first, last), converted to V: piece by piece of slots
+  // held by adjacent rows (for_each_piece), one address per piece, not per slot
   template <class V>
   void positions_range(std::int64_t seq, int first, int last, V* out) const {
     const std::int32_t* positions = self().positions_.data();
@@ -421,8 +421,9 @@ class basic_store {
   // i .. i + count - 1 held by the adjacent flat rows f0 .. f0 + count - 1 (keys at keys_ + f0 * d,
   // positions at positions_ + f0): in slot order a run (for_each_run); out of order, a stretch of a
   // run whose rows are consecutive within one page, found by one compare per slot. A sliding
-  // window's evictions, each hole refilled by the next token, leave the rows a rotation: two
-  // stretches per head-sequence instead of a page lookup per slot. Scattered rows give pieces of one.
+  // window's evictions, each hole refilled by the next token, leave the rows a rotation: about
+  // two pieces per page of slots (the row map's pages and the rows' pages out of step), not a
+  // page lookup per slot. Scattered rows (H2O's) give pieces of one.
   template <class F>
   void for_each_piece(std::int64_t seq, int first, int last, F&& f) const {
     const Derived& d = self();
