@@ -73,7 +73,13 @@ kvsift::kv_vector<float> make_bandwidth_array();  // in the stores' memory (core
 // docs/performance.md). A run on the caller's thread (--kvsift_threading=caller) is still
 // compared with the all-threads rate.
 double arithmetic_reference();
-double fma_pass(int threads);  // one timed pass: multiply-adds per second with `threads` (0: all)
+// The same for the exact kernels' arithmetic, a multiply and then an add rounded on their own (no
+// FMA: CPU and Thrust agree bit for bit): the limit of exact arithmetic, the decode rows'
+// exact_fraction. Half the FMA rate where both share the FMA ports (Intel), about equal where the
+// adds have pipes of their own (Zen 5).
+double exact_arithmetic_reference();
+// one timed pass: multiply-adds per second with `threads` (0: all), FMAs or (exact) pairs
+double fma_pass(int threads, bool exact = false);
 
 // Sets bytes_per_second, tokens_per_second and bw_fraction from per-iteration amounts;
 // bw_fraction divides by `reference` (bytes/s; 0: the run's bandwidth reference).

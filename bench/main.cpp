@@ -127,6 +127,7 @@ BENCHMARK(BM_bandwidth_reference)->UseRealTime()->Unit(benchmark::kMillisecond);
 namespace kvbench {
 namespace {
 double g_arithmetic = 0.0;  // multiply-adds per second; 0 until measured
+double g_exact = 0.0;       // the exact kernels' multiply-then-add pairs per second; 0 until measured
 constexpr int kChains = 12;  // > FMA latency x issue rate: the loop is throughput-bound
 constexpr std::int64_t kFmaRounds = std::int64_t{1} << 22;
 
@@ -141,6 +142,38 @@ KVSIFT_TARGET_AVX512 float fma_rounds_avx512(std::int64_t rounds) {
   __m512 s = a[0];
   for (int k = 1; k < kChains; ++k) s = _mm512_add_ps(s, a[k]);
   return _mm512_reduce_add_ps(s);
+}
+// The exact kernels' arithmetic (cpu/group_dots.hpp, cpu/decode_attention.hpp): a multiply and
+// then an add, each rounded on its own (the embedded-rounding forms, which no compiler fuses).
+// Where the multiplies and the adds share the FMA ports (Intel's cores) this runs at half the FMA
+// rate; where they have pipes of their own (Zen 5) at about the FMA rate (docs/performance.md).
+KVSIFT_TARGET_AVX512 float exact_rounds_avx512(std::int64_t rounds) {
+  constexpr int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m512 a[kChains];
+  for (int k = 0; k < kChains; ++k) a[k] = _mm512_set1_ps(0.001f * static_cast<float>(k));
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
+  for (std::int64_t i = 0; i < rounds; ++i) {
+    for (int k = 0; k < kChains; ++k) a[k] = _mm512_add_round_ps(_mm512_mul_round_ps(a[k], x, rn), y, rn);
+  }
+  __m512 s = a[0];
+  for (int k = 1; k < kChains; ++k) s = _mm512_add_ps(s, a[k]);
+  return _mm512_reduce_add_ps(s);
+}
+// The AVX2 exact kernels' multiply and add, compiled without FMA so that none is fused.
+KVSIFT_TARGET_AVX2_NOFMA float exact_rounds_avx2(std::int64_t rounds) {
+  __m256 a[kChains];
+  for (int k = 0; k < kChains; ++k) a[k] = _mm256_set1_ps(0.001f * static_cast<float>(k));
+  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
+  for (std::int64_t i = 0; i < rounds; ++i) {
+    for (int k = 0; k < kChains; ++k) a[k] = _mm256_add_ps(_mm256_mul_ps(a[k], x), y);
+  }
+  alignas(32) float lanes8[8];
+  __m256 s = a[0];
+  for (int k = 1; k < kChains; ++k) s = _mm256_add_ps(s, a[k]);
+  _mm256_store_ps(lanes8, s);
+  float t = 0.0f;
+  for (const float v : lanes8) t += v;
+  return t;
 }
 KVSIFT_TARGET_AVX2 float fma_rounds_avx2(std::int64_t rounds) {
   __m256 a[kChains];
@@ -197,16 +230,27 @@ float fma_rounds(std::int64_t rounds) {
 #endif
   return fma_rounds_portable(rounds);
 }
+// The portable path is a multiply and an add already (fma_rounds_portable).
+float exact_rounds(std::int64_t rounds) {
+#if KVSIFT_HAVE_X86_SIMD_PATH
+  switch (kvsift::cpu::active_simd()) {
+    case kvsift::cpu::simd::avx512: return exact_rounds_avx512(rounds);
+    case kvsift::cpu::simd::avx2: return exact_rounds_avx2(rounds);
+    default: break;
+  }
+#endif
+  return fma_rounds_portable(rounds);
+}
 }  // namespace
 
-double fma_pass(int threads) {
+double fma_pass(int threads, bool exact) {
   const int nt = threads > 0 ? threads : max_threads();
   float sink = 0.0f;
   int team = 0;  // the threads that ran (OpenMP may start fewer than asked)
   const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(nt) reduction(+ : sink, team)
   {
-    sink += fma_rounds(kFmaRounds);
+    sink += exact ? exact_rounds(kFmaRounds) : fma_rounds(kFmaRounds);
     team += 1;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -222,9 +266,18 @@ double arithmetic_reference() {
   }
   return g_arithmetic;
 }
+double exact_arithmetic_reference() {
+  if (g_exact <= 0.0) {
+    for (int i = 0; i < 6; ++i) g_exact = std::max(g_exact, fma_pass(i % 2, /*exact=*/true));
+    std::fprintf(stderr, "kvsift_bench: exact arithmetic reference measured lazily: %.1f G multiply-adds/s\n",
+                 g_exact * 1e-9);
+  }
+  return g_exact;
+}
 
 // Multiply-adds per second on the kernels' path, all threads (and one, as a floor on a shared
-// machine); the best pass is the decode rows' arithmetic reference (fma_fraction).
+// machine); the best pass is the decode rows' arithmetic reference (fma_fraction). Then the exact
+// kernels' multiply-then-add pairs, best of all threads and one: exact_fraction's reference.
 void BM_arithmetic_reference(benchmark::State& st) {
   double best = 0.0;
   for (auto _ : st) best = std::max(best, fma_pass(0));
@@ -234,6 +287,10 @@ void BM_arithmetic_reference(benchmark::State& st) {
   st.counters["one_thread_fma_per_second"] = best1;
   g_arithmetic = std::max({g_arithmetic, best, best1});
   st.counters["best_fma_per_second"] = g_arithmetic;
+  double exact = 0.0;
+  for (int i = 0; i < 4; ++i) exact = std::max(exact, fma_pass(i % 2, /*exact=*/true));
+  g_exact = std::max(g_exact, exact);
+  st.counters["best_exact_madd_per_second"] = g_exact;
   st.counters["lanes"] = path_lanes();
   st.counters["threads"] = max_threads();
 }

@@ -202,6 +202,8 @@ void bm_decode(benchmark::State& st, const model& m, int n, int b, int r) {
   st.counters["steps"] = static_cast<double>(step_seconds.size());
   // the step's attention arithmetic against the machine's multiply-add rate (bench/common.hpp)
   st.counters["fma_fraction"] = benchmark::Counter(fmas / arithmetic_reference(), benchmark::Counter::kIsRate);
+  st.counters["exact_fraction"] =
+      benchmark::Counter(fmas / exact_arithmetic_reference(), benchmark::Counter::kIsRate);
   if (beside) st.counters["bw_reference_beside"] = reference;
   // bw_fraction against the reference beside the row; bw_fraction_run against the run's best
   st.counters["bw_fraction_run"] =

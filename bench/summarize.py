@@ -15,7 +15,7 @@ import sys
 TO_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 MEMORY_BOUND_SCORERS = {"key_norm", "page_minmax", "lag"}  # goal: >= 60% of the reference
 DECODE_GOAL = 1.5  # a decode step within 1.5x of reading its resident KV once
-ARITHMETIC_GOAL = 0.9  # or, where the arithmetic is the limit, 90% of the multiply-add rate
+ARITHMETIC_GOAL = 0.9  # or, where the arithmetic is the limit, 90% of exact arithmetic's rate
 LOADED_GOAL = 3.0  # on a busy host, a decode step's p99 within 3x its quiet median
 NAME = re.compile(
     r"^BM_(?P<family>[a-z_]+)/(?P<component>[a-z0-9_]+)/(?P<model>[a-z0-9_]+)/(?P<dtype>[a-z0-9]+)"
@@ -74,10 +74,17 @@ def bw_cell(v):
 def within(r, bw=None):
     """A decode row meets the goal: within 1.5x of reading its resident KV once (bw: its
     bw_fraction, by default against the reference beside it), or, where the arithmetic is the
-    limit, at >= 90% of the arithmetic reference (fma_fraction >= 0.9)."""
+    limit, at >= 90% of the rate of the arithmetic the exact kernels use, a multiply and then an
+    add (exact_fraction >= 0.9; a run from before that reference: fma_fraction)."""
     bw = r["bw"] if bw is None else bw
     x = (1.0 / bw) if bw else float("inf")
-    return x <= DECODE_GOAL or (r["raw"].get("fma_fraction") or 0.0) >= ARITHMETIC_GOAL
+    return x <= DECODE_GOAL or arithmetic_fraction(r) >= ARITHMETIC_GOAL
+
+
+def arithmetic_fraction(r):
+    raw = r["raw"]
+    v = raw.get("exact_fraction", raw.get("fma_fraction"))
+    return v or 0.0
 
 
 def loaded_table(decode, quiet_rows, key):
@@ -141,6 +148,10 @@ def main(argv):
               f"best pass): **{raw.get('best_fma_per_second', 0) / 1e9:.1f} G multiply-adds/s** "
               f"(all threads {raw.get('all_threads_fma_per_second', 0) / 1e9:.1f}, one thread "
               f"{raw.get('one_thread_fma_per_second', 0) / 1e9:.1f})")
+        if raw.get("best_exact_madd_per_second"):
+            print(f"- exact arithmetic reference (the same chains as a multiply and then an add, each "
+                  f"rounded on its own, as the exact kernels compute; best of all threads and one): "
+                  f"**{raw['best_exact_madd_per_second'] / 1e9:.1f} G multiply-adds/s**")
     beside_run = ctx.get("kvsift_reference", "beside") == "beside"
     decode_ref = ("the reference beside the row: the same read, one pass before its steps and one "
                   "after every ~20 ms of them, each stretch against the better pass either side; "
@@ -150,7 +161,7 @@ def main(argv):
           "bytes = the minimal traffic "
           "(decode: the layer's resident KV read once); fma_fraction = the decode step's attention "
           "multiply-adds (2 x G x d per token and KV head it reads) per second / the arithmetic "
-          "reference")
+          "reference; exact_fraction = the same / the exact arithmetic reference")
     print()
 
     key = lambda r: (r["model"], r["component"], r["dtype"], r["n"], r["budget"] or 0, r["r"])
@@ -162,8 +173,8 @@ def main(argv):
         print()
         print("| method | model | dtype | n | budget | requests | time per decode step | "
               "step p50 | step p99 | resident KV | reference beside | bw_fraction | x read-once | "
-              "x run ref | fma_fraction | within goal |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "x run ref | fma_fraction | exact_fraction | within goal |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in decode:
             x = (1.0 / r["bw"]) if r["bw"] else float("inf")
             run = r["raw"].get("bw_fraction_run")
@@ -177,6 +188,7 @@ def main(argv):
                   f"{f'{beside / 1e9:.1f} GB/s' if beside else '-'} | {bw_cell(r['bw'])} | {x:.1f} | "
                   f"{f'{1.0 / run:.1f}' if run else '-'} | "
                   f"{bw_cell(r['raw'].get('fma_fraction'))} | "
+                  f"{bw_cell(r['raw'].get('exact_fraction'))} | "
                   f"{'yes' if within(r) else 'no'} |")
         print()
         inside = sum(1 for r in decode if within(r))
@@ -184,7 +196,7 @@ def main(argv):
         against = (f", against the reference beside each row; {strict} of {len(decode)} against "
                    f"the run's reference" if beside_run else ", against the run's reference")
         print(f"{inside} of {len(decode)} decode rows within {DECODE_GOAL}x of reading their "
-              f"resident KV once (or at >= {ARITHMETIC_GOAL} of the arithmetic reference)"
+              f"resident KV once (or at >= {ARITHMETIC_GOAL} of the exact arithmetic reference)"
               f"{against}.")
         print()
         if quiet_path:
