@@ -132,32 +132,34 @@ constexpr int kChains = 12;  // > FMA latency x issue rate: the loop is throughp
 constexpr std::int64_t kFmaRounds = std::int64_t{1} << 22;
 
 #if KVSIFT_HAVE_X86_SIMD_PATH
-KVSIFT_TARGET_AVX512 float fma_rounds_avx512(std::int64_t rounds) {
-  __m512 a[kChains];
-  for (int k = 0; k < kChains; ++k) a[k] = _mm512_set1_ps(0.001f * static_cast<float>(k));
-  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
-  for (std::int64_t i = 0; i < rounds; ++i) {
-    for (int k = 0; k < kChains; ++k) a[k] = _mm512_fmadd_ps(a[k], x, y);
-  }
-  __m512 s = a[0];
-  for (int k = 1; k < kChains; ++k) s = _mm512_add_ps(s, a[k]);
-  return _mm512_reduce_add_ps(s);
-}
-// The exact kernels' arithmetic (cpu/group_dots.hpp, cpu/decode_attention.hpp): a multiply and
-// then an add, each rounded on its own (the embedded-rounding forms, which no compiler fuses).
-// Where the multiplies and the adds share the FMA ports (Intel's cores) this runs at half the FMA
-// rate; where they have pipes of their own (Zen 5) at about the FMA rate (docs/performance.md).
-KVSIFT_TARGET_AVX512 float exact_rounds_avx512(std::int64_t rounds) {
+// Exact: the exact kernels' arithmetic (cpu/group_dots.hpp, cpu/decode_attention.hpp), a multiply
+// and then an add, each rounded on its own (the embedded-rounding forms, which no compiler fuses).
+// Where the multiplies and the adds share the FMA ports (Intel's cores) that runs at half the FMA
+// rate; where the adds have pipes of their own (Zen 5) at about the FMA rate (docs/performance.md).
+template <bool Exact>
+KVSIFT_TARGET_AVX512 float madd_rounds_avx512(std::int64_t rounds) {
   constexpr int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   __m512 a[kChains];
   for (int k = 0; k < kChains; ++k) a[k] = _mm512_set1_ps(0.001f * static_cast<float>(k));
   const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
   for (std::int64_t i = 0; i < rounds; ++i) {
-    for (int k = 0; k < kChains; ++k) a[k] = _mm512_add_round_ps(_mm512_mul_round_ps(a[k], x, rn), y, rn);
+    for (int k = 0; k < kChains; ++k) {
+      a[k] = Exact ? _mm512_add_round_ps(_mm512_mul_round_ps(a[k], x, rn), y, rn)
+                   : _mm512_fmadd_ps(a[k], x, y);
+    }
   }
   __m512 s = a[0];
   for (int k = 1; k < kChains; ++k) s = _mm512_add_ps(s, a[k]);
   return _mm512_reduce_add_ps(s);
+}
+KVSIFT_TARGET_AVX2_NOFMA inline float sum_chains_avx2(const __m256 (&a)[kChains]) {
+  alignas(32) float lanes8[8];
+  __m256 s = a[0];
+  for (int k = 1; k < kChains; ++k) s = _mm256_add_ps(s, a[k]);
+  _mm256_store_ps(lanes8, s);
+  float t = 0.0f;
+  for (const float v : lanes8) t += v;
+  return t;
 }
 // The AVX2 exact kernels' multiply and add, compiled without FMA so that none is fused.
 KVSIFT_TARGET_AVX2_NOFMA float exact_rounds_avx2(std::int64_t rounds) {
@@ -167,13 +169,7 @@ KVSIFT_TARGET_AVX2_NOFMA float exact_rounds_avx2(std::int64_t rounds) {
   for (std::int64_t i = 0; i < rounds; ++i) {
     for (int k = 0; k < kChains; ++k) a[k] = _mm256_add_ps(_mm256_mul_ps(a[k], x), y);
   }
-  alignas(32) float lanes8[8];
-  __m256 s = a[0];
-  for (int k = 1; k < kChains; ++k) s = _mm256_add_ps(s, a[k]);
-  _mm256_store_ps(lanes8, s);
-  float t = 0.0f;
-  for (const float v : lanes8) t += v;
-  return t;
+  return sum_chains_avx2(a);
 }
 KVSIFT_TARGET_AVX2 float fma_rounds_avx2(std::int64_t rounds) {
   __m256 a[kChains];
@@ -182,13 +178,7 @@ KVSIFT_TARGET_AVX2 float fma_rounds_avx2(std::int64_t rounds) {
   for (std::int64_t i = 0; i < rounds; ++i) {
     for (int k = 0; k < kChains; ++k) a[k] = _mm256_fmadd_ps(a[k], x, y);
   }
-  alignas(32) float lanes8[8];
-  __m256 s = a[0];
-  for (int k = 1; k < kChains; ++k) s = _mm256_add_ps(s, a[k]);
-  _mm256_store_ps(lanes8, s);
-  float t = 0.0f;
-  for (const float v : lanes8) t += v;
-  return t;
+  return sum_chains_avx2(a);
 }
 #endif
 // The portable path's arithmetic: a multiply and an add per lane, 4 lanes (SSE2).
@@ -209,7 +199,8 @@ float fma_rounds_portable(std::int64_t rounds) {
   return t;
 }
 
-// lanes per multiply-add on the active path, and one thread's rounds
+// lanes per multiply-add on the active path, and one thread's rounds: FMAs, or (exact) a multiply
+// and then an add (the portable path's arithmetic either way)
 int path_lanes() {
 #if KVSIFT_HAVE_X86_SIMD_PATH
   switch (kvsift::cpu::active_simd()) {
@@ -220,22 +211,12 @@ int path_lanes() {
 #endif
   return 4;
 }
-float fma_rounds(std::int64_t rounds) {
+float madd_rounds(std::int64_t rounds, bool exact) {
 #if KVSIFT_HAVE_X86_SIMD_PATH
   switch (kvsift::cpu::active_simd()) {
-    case kvsift::cpu::simd::avx512: return fma_rounds_avx512(rounds);
-    case kvsift::cpu::simd::avx2: return fma_rounds_avx2(rounds);
-    default: break;
-  }
-#endif
-  return fma_rounds_portable(rounds);
-}
-// The portable path is a multiply and an add already (fma_rounds_portable).
-float exact_rounds(std::int64_t rounds) {
-#if KVSIFT_HAVE_X86_SIMD_PATH
-  switch (kvsift::cpu::active_simd()) {
-    case kvsift::cpu::simd::avx512: return exact_rounds_avx512(rounds);
-    case kvsift::cpu::simd::avx2: return exact_rounds_avx2(rounds);
+    case kvsift::cpu::simd::avx512:
+      return exact ? madd_rounds_avx512<true>(rounds) : madd_rounds_avx512<false>(rounds);
+    case kvsift::cpu::simd::avx2: return exact ? exact_rounds_avx2(rounds) : fma_rounds_avx2(rounds);
     default: break;
   }
 #endif
@@ -250,7 +231,7 @@ double fma_pass(int threads, bool exact) {
   const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(nt) reduction(+ : sink, team)
   {
-    sink += exact ? exact_rounds(kFmaRounds) : fma_rounds(kFmaRounds);
+    sink += madd_rounds(kFmaRounds, exact);
     team += 1;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
