@@ -75,8 +75,8 @@ kvsift::kv_vector<float> make_bandwidth_array();  // in the stores' memory (core
 double arithmetic_reference();
 // The same for the exact kernels' arithmetic, a multiply and then an add rounded on their own (no
 // FMA: CPU and Thrust agree bit for bit): the limit of exact arithmetic, the decode rows'
-// exact_fraction. Half the FMA rate where both share the FMA ports (Intel), about equal where the
-// adds have pipes of their own (Zen 5).
+// exact_fraction. Half the FMA rate where both share the FMA ports (measured on Sapphire Rapids),
+// about equal where the adds have pipes of their own (Zen 5).
 double exact_arithmetic_reference();
 // one timed pass: multiply-adds per second with `threads` (0: all), FMAs or (exact) pairs
 double fma_pass(int threads, bool exact = false);

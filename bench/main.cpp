@@ -134,8 +134,8 @@ constexpr std::int64_t kFmaRounds = std::int64_t{1} << 22;
 #if KVSIFT_HAVE_X86_SIMD_PATH
 // Exact: the exact kernels' arithmetic (cpu/group_dots.hpp, cpu/decode_attention.hpp), a multiply
 // and then an add, each rounded on its own (the embedded-rounding forms, which no compiler fuses).
-// Where the multiplies and the adds share the FMA ports (Intel's cores) that runs at half the FMA
-// rate; where the adds have pipes of their own (Zen 5) at about the FMA rate (docs/performance.md).
+// Where the multiplies and the adds share the FMA ports (measured on Sapphire Rapids) that runs at
+// half the FMA rate; where the adds have pipes of their own (Zen 5) at about it (docs/performance.md).
 template <bool Exact>
 KVSIFT_TARGET_AVX512 float madd_rounds_avx512(std::int64_t rounds) {
   constexpr int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -239,21 +239,26 @@ double fma_pass(int threads, bool exact) {
   return static_cast<double>(team) * kFmaRounds * kChains * path_lanes() / seconds;
 }
 
-double arithmetic_reference() {
-  if (g_arithmetic <= 0.0) {  // BM_arithmetic_reference was filtered out: measure once, lazily
-    for (int i = 0; i < 6; ++i) g_arithmetic = std::max(g_arithmetic, fma_pass(i % 2));
-    std::fprintf(stderr, "kvsift_bench: arithmetic reference measured lazily: %.1f G multiply-adds/s\n",
-                 g_arithmetic * 1e-9);
-  }
-  return g_arithmetic;
+namespace {
+// The best of `passes` passes, all threads and one in turn.
+double best_pass(int passes, bool exact) {
+  double best = 0.0;
+  for (int i = 0; i < passes; ++i) best = std::max(best, fma_pass(i % 2, exact));
+  return best;
 }
-double exact_arithmetic_reference() {
-  if (g_exact <= 0.0) {
-    for (int i = 0; i < 6; ++i) g_exact = std::max(g_exact, fma_pass(i % 2, /*exact=*/true));
-    std::fprintf(stderr, "kvsift_bench: exact arithmetic reference measured lazily: %.1f G multiply-adds/s\n",
-                 g_exact * 1e-9);
+// `g` measured once, lazily, where BM_arithmetic_reference was filtered out.
+double measured_lazily(double& g, bool exact, const char* what) {
+  if (g <= 0.0) {
+    g = best_pass(6, exact);
+    std::fprintf(stderr, "kvsift_bench: %s measured lazily: %.1f G multiply-adds/s\n", what, g * 1e-9);
   }
-  return g_exact;
+  return g;
+}
+}  // namespace
+
+double arithmetic_reference() { return measured_lazily(g_arithmetic, false, "arithmetic reference"); }
+double exact_arithmetic_reference() {
+  return measured_lazily(g_exact, true, "exact arithmetic reference");
 }
 
 // Multiply-adds per second on the kernels' path, all threads (and one, as a floor on a shared
@@ -268,9 +273,7 @@ void BM_arithmetic_reference(benchmark::State& st) {
   st.counters["one_thread_fma_per_second"] = best1;
   g_arithmetic = std::max({g_arithmetic, best, best1});
   st.counters["best_fma_per_second"] = g_arithmetic;
-  double exact = 0.0;
-  for (int i = 0; i < 4; ++i) exact = std::max(exact, fma_pass(i % 2, /*exact=*/true));
-  g_exact = std::max(g_exact, exact);
+  g_exact = std::max(g_exact, best_pass(4, /*exact=*/true));
   st.counters["best_exact_madd_per_second"] = g_exact;
   st.counters["lanes"] = path_lanes();
   st.counters["threads"] = max_threads();
