@@ -13,7 +13,7 @@
 //   multiple of 16; other shapes take the next path down.
 // - avx2: the same kernels on 8 lanes (AVX2 + FMA + F16C: every x86-64 server CPU since 2013),
 //   blocked for 16 vector registers (tiles of at most 4 query heads, logits two heads x four rows
-//   at a time). Needs head_dim % 8 == 0.
+//   at a time, or four heads x two rows over 16-bit rows). Needs head_dim % 8 == 0.
 //
 // All compute softmax(q . k / sqrt(d)) v with the row maximum subtracted (the AVX2 path a running
 // maximum over 2048-row chunks, rescaling what it accumulated as the maximum grows); they differ
