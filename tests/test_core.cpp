@@ -407,6 +407,46 @@ TEST_CASE("cpu::topk_of equals a full sort in both regimes, ties to the lower in
   }
 }
 
+// cpu::worst_of (the single drop of topk_of and topk_range): the minimum in lanes, then the last
+// position holding it, equal to the one-pass chained scan it replaced on every length (below 16
+// the chained scan itself), with -0 and +0 tied, infinities, and NaN (the chained scan's answer,
+// whatever NaN makes of it).
+TEST_CASE("cpu::worst_of equals the one-pass scan: ties, signed zeros, infinities, NaN",
+          "[core][topk]") {
+  const auto chained = [](const std::vector<float>& v) {
+    std::size_t worst = 0;
+    for (std::size_t i = 1; i < v.size(); ++i) {
+      if (v[worst] >= v[i]) worst = i;
+    }
+    return worst;
+  };
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> pool{-0.0f, 0.0f, 1.0f, -1.0f, 2.5f, inf, -inf};
+  std::mt19937 rng(11);
+  int nans = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const std::size_t m = 1 + rng() % 300;
+    std::vector<float> v(m);
+    for (float& x : v) x = pool[rng() % pool.size()];
+    if (trial % 5 == 0) {
+      v[rng() % m] = nan;
+      ++nans;
+    }
+    if (trial % 7 == 0) std::fill(v.begin(), v.end(), trial % 2 ? 0.0f : -0.0f);
+    const auto got = kvsift::cpu::worst_of(m, [&](std::size_t i) { return v[i]; });
+    CAPTURE(trial, m);
+    REQUIRE(got == chained(v));
+  }
+  REQUIRE(nans > 0);
+  // the lowest in the last lane of the last block, and in the tail past it
+  std::vector<float> v(40, 3.0f);
+  v[31] = -2.0f;
+  REQUIRE(kvsift::cpu::worst_of(v.size(), [&](std::size_t i) { return v[i]; }) == 31);
+  v[39] = -2.0f;
+  REQUIRE(kvsift::cpu::worst_of(v.size(), [&](std::size_t i) { return v[i]; }) == 39);
+}
+
 // cpu::topk_range: the same order over an index range, appended to a vector or written into a
 // span; keeping all or all but one (one pass, no candidate list) and the general case, every k
 // from -1 to n + 1 over ranges that start inside the scores, with many ties.

@@ -580,3 +580,51 @@ TEMPLATE_TEST_CASE("stores: one-token releases on every page size keep slots, ro
     }
   }
 }
+
+// cumulative_attention adds a step's probabilities reduced over the GQA group: over a whole-cache
+// plan (consecutive slots, H2O's) in one fused pass per head, elsewhere through cpu::reduce_group
+// and a scatter. Both equal, bit for bit, reduce_group's reduction added slot by slot, for the mean
+// (the fused pass), the sum and the max, with a group of 3 (a division no product equals), over
+// 300 slots (more than the fused pass's chunk), then a plan of every third slot, then the whole
+// cache again.
+TEST_CASE("cumulative_attention: a step's reduced probabilities, fused or scattered, same bits",
+          "[evict][h2o][scorer]") {
+  constexpr model_shape sh{.layers = 1, .q_heads = 6, .kv_heads = 2, .head_dim = 8};  // G = 3
+  constexpr int n = 300;
+  const int G = sh.group_size();
+  kvsift::store::dense<float> store(sh, 1, n);
+  std::vector<float> kv(static_cast<std::size_t>(n) * sh.kv_heads * sh.head_dim, 0.5f);
+  const auto rows = kvsift::kv_view<const float, kvsift::nhd>::contiguous(kv.data(), n, sh.kv_heads,
+                                                                         sh.head_dim);
+  store.append(0, 0, rows, rows, 0);
+  const auto mode =
+      GENERATE(kvsift::gqa_reduce::mean, kvsift::gqa_reduce::sum, kvsift::gqa_reduce::max);
+  CAPTURE(static_cast<int>(mode));
+  kvsift::score::cumulative_attention scorer({.gqa = mode});
+  std::vector<std::vector<float>> expect(sh.kv_heads, std::vector<float>(n, 0.0f));
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (const int stride : {1, 3, 1}) {
+    kvsift::index_sets plan;
+    std::vector<int> sizes(sh.kv_heads, (n + stride - 1) / stride);
+    plan.resize(sizes);
+    kvsift::attention::plan_weights w;
+    w.offsets.push_back(0);
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      auto seg = plan[h];
+      for (std::size_t i = 0; i < seg.size(); ++i) seg[i] = static_cast<std::int32_t>(i) * stride;
+      for (std::size_t i = 0; i < G * seg.size(); ++i) w.values.push_back(u(rng));
+      w.offsets.push_back(w.values.size());
+    }
+    scorer.observe_weights(store, 0, 0, plan, w);
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      const auto slots = plan[h];
+      std::vector<float> reduced(slots.size());
+      kvsift::cpu::reduce_group(w.segment(h), G, reduced, mode);
+      for (std::size_t i = 0; i < slots.size(); ++i) expect[h][slots[i]] += reduced[i];
+      const auto got = scorer.running(sh.sequence(0, 0, h));
+      CAPTURE(stride, h);
+      REQUIRE(std::vector<float>(got.begin(), got.end()) == expect[h]);
+    }
+  }
+}

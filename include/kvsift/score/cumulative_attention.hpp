@@ -7,7 +7,8 @@
 #include <kvsift/score/context.hpp>
 
 #include <algorithm>
-#include <unordered_map>
+#include <cstdint>
+#include <span>
 #include <vector>
 
 namespace kvsift::score {
@@ -45,7 +46,7 @@ struct cumulative_attention {
     layout_scores(in, out, [&](int s) { return in.store->length(in.sequence(s)); });
     if (in.event == lifecycle_event::decode_step) {
       for (int s = 0; s < in.segments(); ++s) {
-        const auto& run = running_[in.sequence(s)];
+        const auto& run = running_of(in.sequence(s));
         std::copy(run.begin(), run.end(), out[s].begin());
       }
       return;
@@ -85,7 +86,7 @@ struct cumulative_attention {
     });
     for (int s = 0; s < in.segments(); ++s) {
       auto seg = out[s];
-      running_[in.sequence(s)].assign(seg.begin(), seg.end());
+      running_of(in.sequence(s)).assign(seg.begin(), seg.end());
     }
   }
 
@@ -122,7 +123,7 @@ struct cumulative_attention {
   template <class Store>
   void compact(const Store& store, int request, int layer, const index_sets& kept) {
     for (int h = 0; h < store.shape().kv_heads; ++h) {
-      auto& run = running_[store.shape().sequence(request, layer, h)];
+      auto& run = running_of(store.shape().sequence(request, layer, h));
       const auto slots = kept[h];
       for (std::size_t i = 0; i < slots.size(); ++i) run[i] = run[slots[i]];
       run.resize(slots.size());
@@ -134,14 +135,17 @@ struct cumulative_attention {
   void reset(const Store& store, int request) {
     const model_shape& sh = store.shape();
     for (int l = 0; l < sh.layers; ++l) {
-      for (int h = 0; h < sh.kv_heads; ++h) running_.erase(sh.sequence(request, l, h));
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto seq = static_cast<std::size_t>(sh.sequence(request, l, h));
+        if (seq < running_.size()) std::vector<float>().swap(running_[seq]);  // memory freed
+      }
     }
   }
 
   // Running score of a head-sequence's slot (tests, diagnostics).
   [[nodiscard]] std::span<const float> running(std::int64_t seq) const {
-    const auto it = running_.find(seq);
-    return it == running_.end() ? std::span<const float>{} : std::span<const float>(it->second);
+    const auto i = static_cast<std::size_t>(seq);
+    return i < running_.size() ? std::span<const float>(running_[i]) : std::span<const float>{};
   }
 
  private:
@@ -149,17 +153,19 @@ struct cumulative_attention {
   // probs(h, scratch) returns head h's probabilities [G, plan[first_segment + h].size()] (in
   // `scratch`, of that size, or elsewhere), reading `per_slot` elements per slot and query head
   // (the parallel loop's work estimate).
-  // The map's entries first (an insertion is not thread-safe), then the KV heads in parallel: each
-  // head adds to its own running scores only, in the same order as one thread would.
+  // The table's entries first (growing it moves them and is not thread-safe), then the KV heads
+  // in parallel: each head adds to its own running scores only, in the same order as one thread
+  // would.
   template <class Store, class Probs>
   void add_step(const Store& store, int request, int layer, const index_sets& plan,
                 int first_segment, int per_slot, Probs&& probs) {
     const model_shape& sh = store.shape();
     const int G = sh.group_size();
     observed_.resize(static_cast<std::size_t>(sh.kv_heads));
+    running_of(sh.sequence(request, layer, sh.kv_heads - 1));  // the highest: no growth below
     for (int h = 0; h < sh.kv_heads; ++h) {
       const auto seq = sh.sequence(request, layer, h);
-      auto& run = running_[seq];
+      auto& run = running_of(seq);
       run.resize(static_cast<std::size_t>(store.length(seq)), 0.0f);
       observed_[h] = &run;
     }
@@ -171,13 +177,53 @@ struct cumulative_attention {
       const auto slots = plan[first_segment + h];
       thread_local std::vector<float> rows, reduced;  // scratch: nothing allocated once warm
       rows.resize(static_cast<std::size_t>(G) * slots.size());
+      const auto step = probs(h, std::span<float>(rows));
+      if (p.gqa == gqa_reduce::mean && consecutive(slots)) {
+        // a whole-cache plan (H2O's): reduce and add in one pass, in reduce_group's order
+        add_mean(step, G, run.data() + slots[0], slots.size());
+        return;
+      }
       reduced.resize(slots.size());
-      cpu::reduce_group(probs(h, std::span<float>(rows)), G, reduced, p.gqa);
+      cpu::reduce_group(step, G, reduced, p.gqa);
       for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
     }, cpu::par, work);
   }
 
-  std::unordered_map<std::int64_t, std::vector<float>> running_;  // per head-sequence, per slot
+  // slots[i] == slots[0] + i for every i (and at least one slot)
+  static bool consecutive(std::span<const std::int32_t> slots) {
+    if (slots.empty()) return false;
+    std::uint32_t off = 0;
+    for (std::size_t i = 1; i < slots.size(); ++i) {
+      off |= static_cast<std::uint32_t>(slots[i]) - static_cast<std::uint32_t>(slots[i - 1]) - 1u;
+    }
+    return off == 0;
+  }
+  // run[j] += (((rows[0][j] + rows[1][j]) + ...) + rows[G - 1][j]) / G for j < n: the bits of
+  // reduce_group's mean (a copy, the adds head by head, the division) added as observe adds them,
+  // one pass where those took G + 2 over scratch.
+  static void add_mean(std::span<const float> rows, int G, float* run, std::size_t n) {
+    const float* r = rows.data();
+    const auto gf = static_cast<float>(G);
+    constexpr std::size_t chunk = 256;  // on the stack; each loop below vectorises
+    float o[chunk];
+    for (std::size_t j0 = 0; j0 < n; j0 += chunk) {
+      const std::size_t c = std::min(chunk, n - j0);
+      for (std::size_t j = 0; j < c; ++j) o[j] = r[j0 + j];
+      for (int g = 1; g < G; ++g) {
+        const float* v = r + static_cast<std::size_t>(g) * n + j0;
+        for (std::size_t j = 0; j < c; ++j) o[j] += v[j];
+      }
+      for (std::size_t j = 0; j < c; ++j) run[j0 + j] += o[j] / gf;
+    }
+  }
+  // A head-sequence's running scores (the table grows to the highest sequence seen).
+  std::vector<float>& running_of(std::int64_t seq) {
+    const auto i = static_cast<std::size_t>(seq);
+    if (i >= running_.size()) running_.resize(i + 1);
+    return running_[i];
+  }
+
+  std::vector<std::vector<float>> running_;  // per head-sequence (its index), per slot
   std::vector<std::vector<float>*> observed_;  // scratch of observe: each KV head's running scores
 };
 static_assert(Scorer<cumulative_attention>);
