@@ -64,7 +64,7 @@ std::size_t worst_of(std::size_t m, At&& at) {
 // then index), so the kept set is exactly the complement of the |candidates| - k lowest: when
 // fewer are dropped than kept (a sliding window's step drops one of a thousand) those are found
 // instead and the kept ones written in candidate order, O(n) with no sort of the kept set; a
-// single drop (H2O's step past its budget) is the worst candidate, one pass, no scratch copy.
+// single drop (H2O's step past its budget) is the worst candidate (worst_of), no scratch copy.
 inline void topk_of(std::span<const float> scores, std::span<const std::int32_t> candidates, int k,
                     std::vector<std::int32_t>& out) {
   const std::size_t n = candidates.size();
@@ -77,7 +77,7 @@ inline void topk_of(std::span<const float> scores, std::span<const std::int32_t>
     return;
   }
   const std::size_t drop = n - keep;
-  if (drop == 1) {  // a decode step's eviction: the one worst candidate, found in one pass
+  if (drop == 1) {  // a decode step's eviction: the one worst candidate, found by worst_of
     const std::size_t worst = worst_of(n, [&](std::size_t i) { return scores[candidates[i]]; });
     out.clear();
     out.insert(out.end(), candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(worst));
@@ -111,7 +111,7 @@ inline void topk_of(std::span<const float> scores, std::span<const std::int32_t>
 
 // Top k of the index range [first, last) of `scores`, ascending, into out[0, min(k, last -
 // first)) (out holds at least that many). Keeping all of them or all but one (H2O's step past its
-// budget) takes no candidate list: the one dropped is the worst of the range, found in one pass
+// budget) takes no candidate list: the one dropped is the worst of the range, found by worst_of
 // under topk_of's order (a later index loses a tie).
 inline void topk_range(std::span<const float> scores, int first, int last, int k,
                        std::span<std::int32_t> out) {
