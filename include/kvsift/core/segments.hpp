@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -79,6 +80,18 @@ struct segmented_view {
   const std::int32_t* offsets = nullptr;    // [num_segments + 1]
   int num_segments = 0;
 };
+
+// slots[i] == slots[0] + i for every i (and at least one slot): a whole-cache plan's segment. One
+// OR over every step's difference from +1, no branch per slot (the scan vectorises).
+inline bool consecutive(std::span<const std::int32_t> slots) {
+  if (slots.empty()) return false;
+  const std::int32_t* s = slots.data();
+  std::uint32_t off = 0;
+  for (std::size_t i = 1; i < slots.size(); ++i) {
+    off |= static_cast<std::uint32_t>(s[i]) - static_cast<std::uint32_t>(s[i - 1]) - 1u;
+  }
+  return off == 0;
+}
 
 namespace detail {
 // Whether every index is in [0, n) and, with `ascending`, each is above the one before: one pass

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <kvsift/attention/reference.hpp>
+#include <kvsift/core/segments.hpp>
 #include <kvsift/cpu/attention_rows.hpp>
 #include <kvsift/cpu/parallel.hpp>
 #include <kvsift/score/context.hpp>
@@ -189,15 +190,6 @@ struct cumulative_attention {
     }, cpu::par, work);
   }
 
-  // slots[i] == slots[0] + i for every i (and at least one slot)
-  static bool consecutive(std::span<const std::int32_t> slots) {
-    if (slots.empty()) return false;
-    std::uint32_t off = 0;
-    for (std::size_t i = 1; i < slots.size(); ++i) {
-      off |= static_cast<std::uint32_t>(slots[i]) - static_cast<std::uint32_t>(slots[i - 1]) - 1u;
-    }
-    return off == 0;
-  }
   // run[j] += (((rows[0][j] + rows[1][j]) + ...) + rows[G - 1][j]) / G for j < n: the bits of
   // reduce_group's mean (a copy, the adds head by head, the division) added as observe adds them,
   // one pass where those took G + 2 over scratch.

@@ -395,17 +395,6 @@ class basic_store {
   [[nodiscard]] int grown_extent(std::int64_t seq, int tokens) const {
     return std::max(extent_[seq], length_[seq] + tokens);
   }
-  // slots[i] == slots[0] + i for every i (and at least one slot): one OR over every step's
-  // difference from +1, no branch per slot (the scan vectorises)
-  static bool consecutive(std::span<const std::int32_t> slots) {
-    if (slots.empty()) return false;
-    const std::int32_t* s = slots.data();
-    std::uint32_t off = 0;
-    for (std::size_t i = 1; i < slots.size(); ++i) {
-      off |= static_cast<std::uint32_t>(s[i]) - static_cast<std::uint32_t>(s[i - 1]) - 1u;
-    }
-    return off == 0;
-  }
   // out[i - first] = position(seq, i) for i in [first, last), converted to V: piece by piece of slots
   // held by adjacent rows (for_each_piece), one address per piece, not per slot
   template <class V>
