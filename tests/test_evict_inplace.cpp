@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -581,13 +582,12 @@ TEMPLATE_TEST_CASE("stores: one-token releases on every page size keep slots, ro
   }
 }
 
-// cumulative_attention adds a step's probabilities reduced over the GQA group: over a whole-cache
-// plan (consecutive slots, H2O's) in one fused pass per head, elsewhere through cpu::reduce_group
-// and a scatter. Both equal, bit for bit, reduce_group's reduction added slot by slot, for the mean
-// (the fused pass), the sum and the max, with a group of 3 (a division no product equals), over
-// 300 slots (more than the fused pass's chunk), then a plan of every third slot, then the whole
-// cache again.
-TEST_CASE("cumulative_attention: a step's reduced probabilities, fused or scattered, same bits",
+// cumulative_attention adds a step's probabilities reduced over the GQA group (cpu::reduce_group):
+// over a whole-cache plan (consecutive slots, H2O's) as one contiguous add per head, elsewhere by
+// a scatter through the plan's slots. Both equal, bit for bit, the reduction added slot by slot,
+// for the mean, the sum and the max, with a group of 3, over 300 slots, then a plan of every third
+// slot, then the consecutive slots from 100 on (an add that starts inside the running scores).
+TEST_CASE("cumulative_attention: reduced probabilities added contiguously or scattered, same bits",
           "[evict][h2o][scorer]") {
   constexpr model_shape sh{.layers = 1, .q_heads = 6, .kv_heads = 2, .head_dim = 8};  // G = 3
   constexpr int n = 300;
@@ -604,15 +604,17 @@ TEST_CASE("cumulative_attention: a step's reduced probabilities, fused or scatte
   std::vector<std::vector<float>> expect(sh.kv_heads, std::vector<float>(n, 0.0f));
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  for (const int stride : {1, 3, 1}) {
+  for (const auto& [first, stride] : {std::pair{0, 1}, std::pair{0, 3}, std::pair{100, 1}}) {
     kvsift::index_sets plan;
-    std::vector<int> sizes(sh.kv_heads, (n + stride - 1) / stride);
+    std::vector<int> sizes(sh.kv_heads, (n - first + stride - 1) / stride);
     plan.resize(sizes);
     kvsift::attention::plan_weights w;
     w.offsets.push_back(0);
     for (int h = 0; h < sh.kv_heads; ++h) {
       auto seg = plan[h];
-      for (std::size_t i = 0; i < seg.size(); ++i) seg[i] = static_cast<std::int32_t>(i) * stride;
+      for (std::size_t i = 0; i < seg.size(); ++i) {
+        seg[i] = first + static_cast<std::int32_t>(i) * stride;
+      }
       for (std::size_t i = 0; i < G * seg.size(); ++i) w.values.push_back(u(rng));
       w.offsets.push_back(w.values.size());
     }
@@ -623,7 +625,7 @@ TEST_CASE("cumulative_attention: a step's reduced probabilities, fused or scatte
       kvsift::cpu::reduce_group(w.segment(h), G, reduced, mode);
       for (std::size_t i = 0; i < slots.size(); ++i) expect[h][slots[i]] += reduced[i];
       const auto got = scorer.running(sh.sequence(0, 0, h));
-      CAPTURE(stride, h);
+      CAPTURE(first, stride, h);
       REQUIRE(std::vector<float>(got.begin(), got.end()) == expect[h]);
     }
   }

@@ -30,11 +30,14 @@ std::size_t worst_of(std::size_t m, At&& at) {
     return worst;
   };
   float lane[16];
-  int nan[16] = {};
+  int nan[16];
   const std::size_t body = m / 16 * 16;
   if (body == 0) return chained();
-  for (int l = 0; l < 16; ++l) lane[l] = at(static_cast<std::size_t>(l));
-  for (std::size_t i = 0; i < body; i += 16) {
+  for (int l = 0; l < 16; ++l) {
+    lane[l] = at(static_cast<std::size_t>(l));
+    nan[l] = static_cast<int>(lane[l] != lane[l]);
+  }
+  for (std::size_t i = 16; i < body; i += 16) {
     for (int l = 0; l < 16; ++l) {
       const float v = at(i + static_cast<std::size_t>(l));
       lane[l] = v < lane[l] ? v : lane[l];
@@ -53,10 +56,9 @@ std::size_t worst_of(std::size_t m, At&& at) {
     any_nan |= static_cast<int>(v != v);
   }
   if (any_nan) return chained();  // NaN has no order: keep the one-pass form's answer
-  for (std::size_t i = m; i-- > 0;) {
-    if (at(i) == low) return i;
-  }
-  return chained();  // unreachable: `low` is one of the scores
+  std::size_t i = m - 1;
+  while (!(at(i) == low)) --i;  // `low` is one of the scores: found before i passes 0
+  return i;
 }
 
 // Writes into `out` (resized to min(k, |candidates|)) the candidates with the k highest

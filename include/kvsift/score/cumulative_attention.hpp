@@ -178,36 +178,17 @@ struct cumulative_attention {
       const auto slots = plan[first_segment + h];
       thread_local std::vector<float> rows, reduced;  // scratch: nothing allocated once warm
       rows.resize(static_cast<std::size_t>(G) * slots.size());
-      const auto step = probs(h, std::span<float>(rows));
-      if (p.gqa == gqa_reduce::mean && consecutive(slots)) {
-        // a whole-cache plan (H2O's): reduce and add in one pass, in reduce_group's order
-        add_mean(step, G, run.data() + slots[0], slots.size());
+      reduced.resize(slots.size());
+      cpu::reduce_group(probs(h, std::span<float>(rows)), G, reduced, p.gqa);
+      if (consecutive(slots)) {  // a whole-cache plan (H2O's): one contiguous add, vectorised
+        float* to = run.data() + slots[0];
+        for (std::size_t i = 0; i < slots.size(); ++i) to[i] += reduced[i];
         return;
       }
-      reduced.resize(slots.size());
-      cpu::reduce_group(step, G, reduced, p.gqa);
       for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
     }, cpu::par, work);
   }
 
-  // run[j] += (((rows[0][j] + rows[1][j]) + ...) + rows[G - 1][j]) / G for j < n: the bits of
-  // reduce_group's mean (a copy, the adds head by head, the division) added as observe adds them,
-  // one pass where those took G + 2 over scratch.
-  static void add_mean(std::span<const float> rows, int G, float* run, std::size_t n) {
-    const float* r = rows.data();
-    const auto gf = static_cast<float>(G);
-    constexpr std::size_t chunk = 256;  // on the stack; each loop below vectorises
-    float o[chunk];
-    for (std::size_t j0 = 0; j0 < n; j0 += chunk) {
-      const std::size_t c = std::min(chunk, n - j0);
-      for (std::size_t j = 0; j < c; ++j) o[j] = r[j0 + j];
-      for (int g = 1; g < G; ++g) {
-        const float* v = r + static_cast<std::size_t>(g) * n + j0;
-        for (std::size_t j = 0; j < c; ++j) o[j] += v[j];
-      }
-      for (std::size_t j = 0; j < c; ++j) run[j0 + j] += o[j] / gf;
-    }
-  }
   // A head-sequence's running scores (the table grows to the highest sequence seen).
   std::vector<float>& running_of(std::int64_t seq) {
     const auto i = static_cast<std::size_t>(seq);
