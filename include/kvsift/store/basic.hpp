@@ -3,7 +3,7 @@
 
 // What every CPU store shares: validation, append, retain (in-place compaction) and gather,
 // written once over the derived store's row addressing (CRTP). A derived store provides
-//   T* key_slot(seq, row), T* value_slot(seq, row), std::int32_t* position_slot(seq, row),
+//   T* key_slot(seq, row), T* value_slot(seq, row), std::int32_t* position_slot(seq, i),
 //   std::int32_t* row_slot(seq, i), int adjacent_slots(seq, i) (how many slots from i on have
 //   adjacent position and row-map entries: to the end of i's page), bool can_grow(seq, new_length) const,
 //   void grow(seq, new_length), void shrink(seq, new_length).
@@ -11,10 +11,12 @@
 // Slots and rows. A head-sequence of n resident tokens occupies the physical rows [0, n) of its
 // memory, or [0, n + 1) with one released row among them that the next append fills (the waiting
 // hole: "leave the hole", below): row_extent(seq). Its slots are the same tokens in position order:
-// slot i is row row(seq, i) (the row map, one int32 per token, kept where the derived store keeps
-// positions, written and read only once the rows are out of order: a store that never reorders pays
-// nothing). Scorers, selectors and plans speak slots; only an export to an engine's kernel speaks
-// rows. Attention is order-free over keys, so rows need no order. retain picks the cheapest of
+// slot i is row row(seq, i) (the row map, one int32 per token, kept beside the positions, written
+// and read only once the rows are out of order: a store that never reorders pays nothing). Positions
+// are kept by slot, not by row: slot i's position is entry i, so a plan's positions over consecutive
+// slots (a whole-cache plan: StreamingLLM's, H2O's) are a copy of adjacent entries, page by page,
+// whatever rows hold the tokens, and a retain compacts them as it compacts the row map. Scorers,
+// selectors and plans speak slots; only an export to an engine's kernel speaks rows. Attention is order-free over keys, so rows need no order. retain picks the cheapest of
 // three ways to close the gaps the released tokens leave:
 //   compact     shift the kept rows down in order (slot i stays row i): chosen while the rows
 //               are in slot order and it moves at most four times the rows of the other way,
@@ -62,7 +64,7 @@ class basic_store {
     return length_[shape_.sequence(request, layer, head)];
   }
   [[nodiscard]] std::int32_t position(std::int64_t seq, int slot) const {
-    return *self().position_slot(seq, row(seq, slot));
+    return *self().position_slot(seq, slot);
   }
   [[nodiscard]] const T* key(std::int64_t seq, int slot) const {
     return self().key_slot(seq, row(seq, slot));
@@ -104,7 +106,8 @@ class basic_store {
     }
   }
   // position(seq, slots[i]) for every i (a plan's positions), and position(seq, j) for j in
-  // [0, n) converted to V (a recency score): inline, as row_addresses.
+  // [0, n) converted to V (a recency score): inline, one index computation per slot, and over
+  // consecutive slots a copy of adjacent entries, page by page.
   void positions_of(std::int64_t seq, std::span<const std::int32_t> slots, std::int32_t* out) const {
     if (consecutive(slots)) {  // a whole-cache plan: run by run, as positions_prefix
       positions_range(seq, slots.front(), slots.front() + static_cast<int>(slots.size()), out);
@@ -197,7 +200,7 @@ class basic_store {
         const int r = hole ? (t == 0 ? hole_[seq] : extent + t - 1) : base + t;
         std::memcpy(self().key_slot(seq, r), k.row(t, h), row_bytes);
         std::memcpy(self().value_slot(seq, r), v.row(t, h), row_bytes);
-        *self().position_slot(seq, r) = first_position + t;
+        *self().position_slot(seq, base + t) = first_position + t;
         if (!ordered_[seq]) *self().row_slot(seq, base + t) = r;  // read only once out of order
       }
       length_[seq] = base + k.tokens;
@@ -247,6 +250,7 @@ class basic_store {
           for (int i = 0; i < m; ++i) {
             if (slots[i] != i) move_row(seq, slots[i], i, row_bytes);  // ascending: from > to
           }
+          keep_positions(seq, slots);
           length_[seq] = m;
           extent_[seq] = m;
           self().shrink(seq, m);
@@ -273,6 +277,7 @@ class basic_store {
         *self().row_slot(seq, i) = kept_rows[i];
         in_order = in_order && kept_rows[i] == i;
       }
+      keep_positions(seq, slots);
       ordered_[seq] = in_order ? 1 : 0;
       length_[seq] = m;
       extent_[seq] = m;
@@ -368,17 +373,23 @@ class basic_store {
       });
       ordered_[seq] = 0;
     } else if (!ordered_[seq]) {
-      // entries k .. m - 1 take entries k + 1 .. m, run by run of adjacent entries (a page's):
-      // within a run one memmove, and its last entry the next run's first (read before that run
-      // is touched; entry m, the released slot's old last, is still in the store's memory)
-      for_each_run(seq, k, m, [&](int i, int run) {
-        std::int32_t* entry = self().row_slot(seq, i);
-        std::memmove(entry, entry + 1, static_cast<std::size_t>(run - 1) * sizeof(std::int32_t));
-        entry[run - 1] = *self().row_slot(seq, i + run);
-      });
+      shift_down(seq, k, m, [&](int i) { return self().row_slot(seq, i); });
     }
+    shift_down(seq, k, m, [&](int i) { return self().position_slot(seq, i); });
     length_[seq] = m;
     extent_[seq] = m + 1;
+  }
+  // Entries k .. m - 1 of a per-slot array (entry(i): slot i's, the row map's or the positions')
+  // take entries k + 1 .. m, run by run of adjacent entries (a page's): within a run one memmove,
+  // and its last entry the next run's first (read before that run is touched; entry m, the
+  // released slot's old last, is still in the store's memory).
+  template <class Entry>
+  void shift_down(std::int64_t seq, int k, int m, Entry entry) {
+    for_each_run(seq, k, m, [&](int i, int run) {
+      std::int32_t* e = entry(i);
+      std::memmove(e, e + 1, static_cast<std::size_t>(run - 1) * sizeof(std::int32_t));
+      e[run - 1] = *entry(i + run);
+    });
   }
   // f(i, run) for runs that cover slots [first, last) in order, each run the slots from i whose
   // row-map entries (and positions) lie side by side in memory: a page's, or a dense store's
@@ -395,16 +406,24 @@ class basic_store {
   [[nodiscard]] int grown_extent(std::int64_t seq, int tokens) const {
     return std::max(extent_[seq], length_[seq] + tokens);
   }
-  // out[i - first] = position(seq, i) for i in [first, last), converted to V: piece by piece of slots
-  // held by adjacent rows (for_each_piece), one address per piece, not per slot
+  // out[i - first] = position(seq, i) for i in [first, last), converted to V: run by run of
+  // adjacent entries (a page's), one address per run, whatever rows hold the slots
   template <class V>
   void positions_range(std::int64_t seq, int first, int last, V* out) const {
-    const std::int32_t* positions = self().positions_.data();
-    for_each_piece(seq, first, last, [&](int i, std::int64_t f0, int count) {
+    for_each_run(seq, first, last, [&](int i, int run) {
       V* o = out + (i - first);
-      const std::int32_t* pos = positions + f0;
-      for (int t = 0; t < count; ++t) o[t] = static_cast<V>(pos[t]);
+      const std::int32_t* pos = self().position_slot(seq, i);
+      for (int t = 0; t < run; ++t) o[t] = static_cast<V>(pos[t]);
     });
+  }
+  // Slot i takes slot slots[i]'s position, i < slots.size() (ascending: slots[i] >= i, so in place
+  // front to back), after a retain: run by run of adjacent entries where nothing before i was
+  // released, an entry at a time after.
+  void keep_positions(std::int64_t seq, std::span<const std::int32_t> slots) {
+    const int m = static_cast<int>(slots.size());
+    int k = 0;  // slots before k are kept in place
+    while (k < m && slots[k] == k) ++k;
+    for (int i = k; i < m; ++i) *self().position_slot(seq, i) = *self().position_slot(seq, slots[i]);
   }
   // f(i, f0, count) for pieces that cover slots [first, last) in order, each piece the slots
   // i .. i + count - 1 held by the adjacent flat rows f0 .. f0 + count - 1 (keys at keys_ + f0 * d,
@@ -434,22 +453,16 @@ class basic_store {
   }
   template <class SlotAt, class V>
   void gather_positions(std::int64_t seq, std::size_t n, SlotAt slot_at, V* out) const {
-    const Derived& d = self();
-    const bool ordered = ordered_[seq] != 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const int slot = slot_at(i);
-      const int r = ordered ? slot : d.rows_[static_cast<std::size_t>(d.flat(seq, slot))];
-      out[i] = static_cast<V>(d.positions_[static_cast<std::size_t>(d.flat(seq, r))]);
-    }
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<V>(*self().position_slot(seq, slot_at(i)));
   }
   // Out of line: keeps row() (inlined into every key()/value() of the attention loops) small.
   [[gnu::noinline]] int mapped_row(std::int64_t seq, int slot) const {
     return *self().row_slot(seq, slot);
   }
+  // Copies a row's key and value (its position stays with its slot: keep_positions).
   void move_row(std::int64_t seq, int from, int to, std::size_t row_bytes) {
     std::memcpy(self().key_slot(seq, to), self().key_slot(seq, from), row_bytes);
     std::memcpy(self().value_slot(seq, to), self().value_slot(seq, from), row_bytes);
-    *self().position_slot(seq, to) = *self().position_slot(seq, from);
   }
   const Derived& self() const { return static_cast<const Derived&>(*this); }
   Derived& self() { return static_cast<Derived&>(*this); }

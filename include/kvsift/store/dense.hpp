@@ -91,7 +91,7 @@ class dense : public basic_store<dense<T, Space>, T, Space> {
   T* keys_ = nullptr;
   T* values_ = nullptr;
   kv_vector<T> owned_keys_, owned_values_;  // huge-page advised (core/kv_memory.hpp)
-  std::vector<std::int32_t> positions_;  // [sequences, capacity] original positions, per row
+  std::vector<std::int32_t> positions_;  // [sequences, capacity] original positions, per slot
   std::vector<std::int32_t> rows_;       // [sequences, capacity] the row of each slot
 };
 

@@ -166,7 +166,7 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   T* keys_ = nullptr;                               // [total_pages, page_size, d] (owned or the engine's)
   T* values_ = nullptr;
   kv_vector<T> owned_keys_, owned_values_;  // huge-page advised (core/kv_memory.hpp)
-  std::vector<std::int32_t> positions_;             // [total_pages, page_size] per row
+  std::vector<std::int32_t> positions_;             // [total_pages, page_size] per slot
   std::vector<std::int32_t> rows_;                  // [total_pages, page_size] row of each slot
   std::vector<std::vector<std::int32_t>> pages_;    // per head-sequence: its pages, in order
   std::vector<std::int32_t> free_;                  // free page ids (stack)
