@@ -400,6 +400,25 @@ TEMPLATE_TEST_CASE("attend_plan_batch with weights: exact probabilities, the sam
   for (std::size_t i = 0; i < q.size(); ++i) {
     REQUIRE(std::abs(weighted[i] - fused[i]) <= 2e-5f + 1e-4f * std::abs(fused[i]));
   }
+  // asked for a reduction, the attention's threads also reduce each segment over its group: the
+  // same bits as reduce_group over the kept probabilities
+  for (const auto mode : {kvsift::gqa_reduce::mean, kvsift::gqa_reduce::max}) {
+    kvsift::attention::plan_weights wr;
+    wr.reduction = mode;
+    std::vector<float> out(q.size());
+    kvsift::attention::attend_plan_batch(store, 0, 2, request_of, query_of, plan, out.data(), &wr);
+    REQUIRE(wr.group == G);
+    REQUIRE(out == weighted);
+    for (int s = 0; s < 4; ++s) {
+      REQUIRE(std::vector<float>(wr.segment(s).begin(), wr.segment(s).end()) ==
+              std::vector<float>(w.segment(s).begin(), w.segment(s).end()));
+      std::vector<float> want(plan[s].size());
+      kvsift::cpu::reduce_group(w.segment(s), G, want, mode);
+      const auto got = wr.reduced_segment(s);
+      CAPTURE(s, static_cast<int>(mode));
+      REQUIRE(std::vector<float>(got.begin(), got.end()) == want);
+    }
+  }
 }
 
 // The waiting hole at the store level, around the decode path: a chunk appended into it (its
@@ -600,7 +619,13 @@ TEST_CASE("cumulative_attention: reduced probabilities added contiguously or sca
   const auto mode =
       GENERATE(kvsift::gqa_reduce::mean, kvsift::gqa_reduce::sum, kvsift::gqa_reduce::max);
   CAPTURE(static_cast<int>(mode));
+  // the probabilities only; also reduced by the attention (the scorer's reduction: used as is);
+  // reduced another way (ignored: the scorer reduces them itself)
+  const int given = GENERATE(0, 1, 2);
+  CAPTURE(given);
   kvsift::score::cumulative_attention scorer({.gqa = mode});
+  REQUIRE(scorer.weights_reduction() == mode);
+  const auto other = mode == kvsift::gqa_reduce::max ? kvsift::gqa_reduce::sum : kvsift::gqa_reduce::max;
   std::vector<std::vector<float>> expect(sh.kv_heads, std::vector<float>(n, 0.0f));
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
@@ -617,6 +642,14 @@ TEST_CASE("cumulative_attention: reduced probabilities added contiguously or sca
       }
       for (std::size_t i = 0; i < G * seg.size(); ++i) w.values.push_back(u(rng));
       w.offsets.push_back(w.values.size());
+    }
+    w.group = G;
+    if (given > 0) {
+      w.reduction = given == 1 ? mode : other;
+      w.reduced.assign(w.values.size() / G, -1.0f);
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        kvsift::cpu::reduce_group(w.segment(h), G, w.reduced_segment(h), *w.reduction);
+      }
     }
     scorer.observe_weights(store, 0, 0, plan, w);
     for (int h = 0; h < sh.kv_heads; ++h) {

@@ -14,6 +14,7 @@
 #include <kvsift/cpu/parallel.hpp>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <span>
 #include <type_traits>
@@ -48,14 +49,31 @@ void attend_row(const float* q, int d, int count, KeyAt&& key, ValueAt&& value, 
 // cpu::attention_rows_over's exact arithmetic (kvsift::dot's bits, exact_expf, a double sum) —
 // bit for bit what a second pass over the keys would derive, so a scorer that adds them (H2O's
 // cumulative_attention::observe_weights) needs no such pass. Filled by attend_plan_batch.
+//
+// With `reduction` set before the attention, each segment's G rows are also reduced over the GQA
+// group (cpu::reduce_group: one float per slot) into `reduced`, by the thread that computed them,
+// inside the attention's parallel loop: a scorer that adds reduced probabilities (H2O's running
+// scores) then reads one float per slot, written by another core, instead of G, and reduces none.
 struct plan_weights {
   std::vector<float> values;
   std::vector<std::size_t> offsets;  // [segments + 1] start of each segment in values
+  std::optional<gqa_reduce> reduction;        // set by the reader: reduce in the attention too
+  std::vector<float> reduced;  // with reduction: segment s at offsets[s] / G, [plan.size(s)]
+  int group = 1;               // G (set by attend_plan_batch)
   [[nodiscard]] std::span<const float> segment(int s) const {
     return {values.data() + offsets[s], offsets[s + 1] - offsets[s]};
   }
   [[nodiscard]] std::span<float> segment(int s) {
     return {values.data() + offsets[s], offsets[s + 1] - offsets[s]};
+  }
+  // Segment s reduced over its group (`reduction`), when the attention kept it.
+  [[nodiscard]] std::span<const float> reduced_segment(int s) const {
+    const auto G = static_cast<std::size_t>(group);
+    return {reduced.data() + offsets[s] / G, (offsets[s + 1] - offsets[s]) / G};
+  }
+  [[nodiscard]] std::span<float> reduced_segment(int s) {
+    const auto G = static_cast<std::size_t>(group);
+    return {reduced.data() + offsets[s] / G, (offsets[s + 1] - offsets[s]) / G};
   }
 };
 
@@ -128,6 +146,10 @@ void attend_plan_head(const Store& store, int request, int layer, const float* q
     const auto probs = weights->segment(first_segment + h);
     cpu::attention_rows_at<T>([krow](std::size_t j) { return krow[j]; }, m, d, qg, G, probs);
     cpu::weighted_values_at<T>(probs.data(), G, d, m, vrow, og);
+    if (weights->reduction) {
+      cpu::reduce_group(probs, G, weights->reduced_segment(first_segment + h),
+                        *weights->reduction);
+    }
     return;
   }
   thread_local std::vector<float> logits;
@@ -179,6 +201,8 @@ void attend_plan_batch(const Store& store, int layer, std::size_t tokens, Reques
       weights->offsets[s + 1] = weights->offsets[s] + G * plan.size(static_cast<int>(s));
     }
     weights->values.resize(weights->offsets.back());
+    weights->group = static_cast<int>(G);
+    if (weights->reduction) weights->reduced.resize(weights->offsets.back() / G);
   }
   if (jobs == 0) {
     return;

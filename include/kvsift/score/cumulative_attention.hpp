@@ -102,23 +102,36 @@ struct cumulative_attention {
     const model_shape& sh = store.shape();
     const int G = sh.group_size();
     const int d = sh.head_dim;
-    add_step(store, request, layer, plan, first_segment, d, [&](int h, std::span<float> rows) {
+    add_step(store, request, layer, plan, first_segment, d,
+             [&](int h, std::span<float> rows, std::span<float> reduced) {
       const auto seq = sh.sequence(request, layer, h);
       // every query head of the group in one pass over the keys, in dot's exact bits
       cpu::attention_rows_over(store, seq, q + static_cast<std::size_t>(h) * G * d, G,
                                plan[first_segment + h], rows);
-      return std::span<const float>(rows);
+      cpu::reduce_group(rows, G, reduced, p.gqa);
+      return std::span<const float>(reduced);
     });
   }
 
+  // The reduction observe_weights adds: a plan_weights whose `reduction` is this has every
+  // segment reduced by the attention's own threads (schedule::evict sets it).
+  [[nodiscard]] gqa_reduce weights_reduction() const { return p.gqa; }
+
   // observe without the second pass: the probabilities the step's own attention kept
   // (attention::attend_plan_batch with weights over the same plan), equal bit for bit to what
-  // observe derives, so the running scores are the same.
+  // observe derives, so the running scores are the same; already reduced over the group where
+  // the attention did it (weights.reduction == weights_reduction(): the same reduce_group).
   template <class Store>
   void observe_weights(const Store& store, int request, int layer, const index_sets& plan,
                        const attention::plan_weights& weights, int first_segment = 0) {
-    add_step(store, request, layer, plan, first_segment, 1,
-             [&](int h, std::span<float>) { return weights.segment(first_segment + h); });
+    const bool reduced_there = weights.reduction == p.gqa && !weights.reduced.empty();
+    const int G = store.shape().group_size();
+    add_step(store, request, layer, plan, first_segment, reduced_there ? 0 : 1,
+             [&](int h, std::span<float>, std::span<float> reduced) {
+      if (reduced_there) return weights.reduced_segment(first_segment + h);
+      cpu::reduce_group(weights.segment(first_segment + h), G, reduced, p.gqa);
+      return std::span<const float>(reduced);
+    });
   }
   // The store kept `kept[h]` of each head: keep the matching running scores.
   template <class Store>
@@ -151,15 +164,15 @@ struct cumulative_attention {
 
  private:
   // Adds a step's GQA-reduced probabilities to the running scores of the request's KV heads:
-  // probs(h, scratch) returns head h's probabilities [G, plan[first_segment + h].size()] (in
-  // `scratch`, of that size, or elsewhere), reading `per_slot` elements per slot and query head
-  // (the parallel loop's work estimate).
+  // reduced(h, rows, out) returns head h's probabilities reduced over the group
+  // [plan[first_segment + h].size()] (in `out`, or elsewhere; `rows` is [G, that] scratch),
+  // reading `per_slot` elements per slot and query head (the parallel loop's work estimate).
   // The table's entries first (growing it moves them and is not thread-safe), then the KV heads
   // in parallel: each head adds to its own running scores only, in the same order as one thread
   // would.
-  template <class Store, class Probs>
+  template <class Store, class Reduced>
   void add_step(const Store& store, int request, int layer, const index_sets& plan,
-                int first_segment, int per_slot, Probs&& probs) {
+                int first_segment, int per_slot, Reduced&& reduced_of) {
     const model_shape& sh = store.shape();
     const int G = sh.group_size();
     observed_.resize(static_cast<std::size_t>(sh.kv_heads));
@@ -171,7 +184,8 @@ struct cumulative_attention {
       observed_[h] = &run;
     }
     // observe's second pass reads G * d per slot; adding kept probabilities touches G
-    const std::int64_t work = static_cast<std::int64_t>(plan.size(first_segment)) * G * per_slot;
+    const std::int64_t work =
+        static_cast<std::int64_t>(plan.size(first_segment)) * (G * per_slot + 1);
     cpu::parallel_for(sh.kv_heads, [&](std::int64_t h64) {
       const int h = static_cast<int>(h64);
       auto& run = *observed_[h];
@@ -179,13 +193,14 @@ struct cumulative_attention {
       thread_local std::vector<float> rows, reduced;  // scratch: nothing allocated once warm
       rows.resize(static_cast<std::size_t>(G) * slots.size());
       reduced.resize(slots.size());
-      cpu::reduce_group(probs(h, std::span<float>(rows)), G, reduced, p.gqa);
+      const std::span<const float> add =
+          reduced_of(h, std::span<float>(rows), std::span<float>(reduced));
       if (consecutive(slots)) {  // a whole-cache plan (H2O's): one contiguous add, vectorised
         float* to = run.data() + slots[0];
-        for (std::size_t i = 0; i < slots.size(); ++i) to[i] += reduced[i];
+        for (std::size_t i = 0; i < slots.size(); ++i) to[i] += add[i];
         return;
       }
-      for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += reduced[i];
+      for (std::size_t i = 0; i < slots.size(); ++i) run[slots[i]] += add[i];
     }, cpu::par, work);
   }
 

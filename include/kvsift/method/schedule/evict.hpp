@@ -260,7 +260,13 @@ class schedule::evict::state : public detail::one_tier<Store> {
   template <class M>
   [[nodiscard]] attention::plan_weights* attention_weights(const M& m, int layer) const {
     if constexpr (observes_weights) {
-      if (layer >= m.parameters().dense_layers) return &weights_;
+      if (layer >= m.parameters().dense_layers) {
+        // the group reduction the scorer adds, done by the attention's own threads
+        if constexpr (requires { m.parts().scorer.weights_reduction(); }) {
+          weights_.reduction = m.parts().scorer.weights_reduction();
+        }
+        return &weights_;
+      }
     }
     return nullptr;
   }

@@ -105,7 +105,14 @@ class one_tier {
     for (const int r : plan.requests) {
       for (int h = 0; h < sh.kv_heads; ++h) sizes_.push_back(st.length(sh.sequence(r, layer, h)));
     }
-    plan.slots.resize(sizes_);
+    // The last plan (this layer's last step, or another layer's of the same lengths) is often
+    // already every slot: then nothing is written. The attention's threads read these entries;
+    // rewriting them every step would take each cache line back from the core that read it.
+    bool same = plan.slots.segments() == static_cast<int>(sizes_.size());
+    for (std::size_t s = 0; same && s < sizes_.size(); ++s) {
+      same = plan.slots.size(static_cast<int>(s)) == sizes_[s];
+    }
+    if (!same) plan.slots.resize(sizes_);
     plan.pages.clear();
     if (page_size > 0) {
       for (int& n : sizes_) n = (n + page_size - 1) / page_size;
@@ -133,7 +140,12 @@ class one_tier {
       const int s = static_cast<int>(s64);
       const auto seq = sh.sequence(plan.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
       const auto in = plan.slots[s];
-      if (slots_too) std::iota(in.begin(), in.end(), 0);
+      if (slots_too) {  // slots [0, n): written only from the first entry that differs
+        const auto n = static_cast<std::int32_t>(in.size());
+        std::int32_t i = 0;
+        while (i < n && in[i] == i) ++i;
+        std::iota(in.begin() + i, in.end(), i);
+      }
       auto out = plan.positions[s];
       if constexpr (requires { st.positions_of(seq, in, out.data()); }) {
         st.positions_of(seq, in, out.data());  // one lookup per slot, inline
