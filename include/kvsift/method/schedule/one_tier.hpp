@@ -140,11 +140,10 @@ class one_tier {
       const int s = static_cast<int>(s64);
       const auto seq = sh.sequence(plan.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
       const auto in = plan.slots[s];
-      if (slots_too) {  // slots [0, n): written only from the first entry that differs
-        const auto n = static_cast<std::int32_t>(in.size());
-        std::int32_t i = 0;
-        while (i < n && in[i] == i) ++i;
-        std::iota(in.begin() + i, in.end(), i);
+      if (slots_too) {  // slots [0, n), written only where they are not already (one vector pass)
+        std::int32_t differs = 0;
+        for (std::size_t i = 0; i < in.size(); ++i) differs |= in[i] ^ static_cast<std::int32_t>(i);
+        if (differs != 0) std::iota(in.begin(), in.end(), 0);
       }
       auto out = plan.positions[s];
       if constexpr (requires { st.positions_of(seq, in, out.data()); }) {
