@@ -663,3 +663,70 @@ TEST_CASE("cumulative_attention: reduced probabilities added contiguously or sca
     }
   }
 }
+
+// The whole-cache plan (detail::one_tier::plan_everything) reuses a plan of the same sizes
+// without rewriting it, but only where its slots are already every slot: a plan of the same sizes
+// holding other slots (another layer's selection, from a page method's sparse layer, or a caller's
+// edits) is written again. Its positions follow the store's per-slot positions after a one-token
+// eviction that leaves rows out of order.
+TEST_CASE("plan_everything: a plan of the same sizes is reused only when it reads every slot",
+          "[evict][inplace][plan]") {
+  using S = kvsift::store::paged<float>;
+  constexpr model_shape sh{.layers = 2, .q_heads = 2, .kv_heads = 2, .head_dim = 8};
+  S store(sh, 1, 4, 64);
+  constexpr int n = 11;
+  std::vector<float> kv(static_cast<std::size_t>(n) * sh.kv_heads * sh.head_dim, 0.25f);
+  const auto rows = kvsift::kv_view<const float, kvsift::nhd>::contiguous(kv.data(), n, sh.kv_heads,
+                                                                         sh.head_dim);
+  store.append(0, 1, rows, rows, 100);  // positions 100 .. 110
+  struct owner {
+    S* s;
+    [[nodiscard]] const S& store() const { return *s; }
+  } m{&store};
+  kvsift::detail::one_tier<S> tier(m);
+  kvsift::attention_plan plan;
+  plan.requests = {0};
+  const auto expect = [&](const std::vector<std::int32_t>& positions) {
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      const auto slots = plan.slots[h];
+      const auto pos = plan.positions[h];
+      REQUIRE(slots.size() == positions.size());
+      for (std::size_t i = 0; i < slots.size(); ++i) {
+        CAPTURE(h, i);
+        REQUIRE(slots[i] == static_cast<std::int32_t>(i));
+        REQUIRE(pos[i] == positions[i]);
+      }
+    }
+  };
+  std::vector<std::int32_t> positions(n);
+  for (int i = 0; i < n; ++i) positions[i] = 100 + i;
+  tier.plan_everything(m, 1, plan);
+  expect(positions);
+  // the same sizes, other slots in one segment (a selection's): written again
+  plan.slots[1][3] = 7;
+  plan.slots[1][n - 1] = 0;
+  tier.plan_everything(m, 1, plan);
+  expect(positions);
+  // a one-token eviction (slot 4: position 104) leaves rows out of order; the next token fills the
+  // released row: positions shift down past slot 4 and the new one is last
+  kvsift::index_sets kept;
+  for (int h = 0; h < sh.kv_heads; ++h) {
+    std::vector<std::int32_t> set;
+    for (int i = 0; i < n; ++i) {
+      if (i != 4) set.push_back(i);
+    }
+    kept.push_back(set);
+  }
+  store.retain(0, 1, kept);
+  REQUIRE_FALSE(store.rows_in_slot_order(sh.sequence(0, 1, 0)));
+  store.append(0, 1, kvsift::kv_view<const float, kvsift::nhd>::contiguous(kv.data(), 1, sh.kv_heads,
+                                                                          sh.head_dim),
+               kvsift::kv_view<const float, kvsift::nhd>::contiguous(kv.data(), 1, sh.kv_heads,
+                                                                    sh.head_dim),
+               111);
+  positions.erase(positions.begin() + 4);
+  positions.push_back(111);
+  plan.slots[0][0] = 5;  // the same sizes again, one entry off
+  tier.plan_everything(m, 1, plan);
+  expect(positions);
+}
