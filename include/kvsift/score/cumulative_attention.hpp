@@ -124,8 +124,10 @@ struct cumulative_attention {
   template <class Store>
   void observe_weights(const Store& store, int request, int layer, const index_sets& plan,
                        const attention::plan_weights& weights, int first_segment = 0) {
-    const bool reduced_there = weights.reduction == p.gqa && !weights.reduced.empty();
     const int G = store.shape().group_size();
+    const bool reduced_there = weights.reduction == p.gqa && weights.group == G &&
+                               !weights.offsets.empty() &&
+                               weights.reduced.size() == weights.offsets.back() / G;
     add_step(store, request, layer, plan, first_segment, reduced_there ? 0 : 1,
              [&](int h, std::span<float>, std::span<float> reduced) {
       if (reduced_there) return weights.reduced_segment(first_segment + h);

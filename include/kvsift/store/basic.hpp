@@ -392,8 +392,8 @@ class basic_store {
     });
   }
   // f(i, run) for runs that cover slots [first, last) in order, each run the slots from i whose
-  // row-map entries (and positions) lie side by side in memory: a page's, or a dense store's
-  // whole head-sequence (adjacent_slots).
+  // per-slot entries (the row map's, the positions') lie side by side in memory: a page's, or a
+  // dense store's whole head-sequence (adjacent_slots).
   template <class F>
   void for_each_run(std::int64_t seq, int first, int last, F&& f) const {
     for (int i = first; i < last;) {
@@ -427,7 +427,7 @@ class basic_store {
   }
   // f(i, f0, count) for pieces that cover slots [first, last) in order, each piece the slots
   // i .. i + count - 1 held by the adjacent flat rows f0 .. f0 + count - 1 (keys at keys_ + f0 * d,
-  // positions at positions_ + f0): in slot order a run (for_each_run); out of order, a stretch of a
+  // values at values_ + f0 * d): in slot order a run (for_each_run); out of order, a stretch of a
   // run whose rows are consecutive within one page, found by one compare per slot. A sliding
   // window's evictions, each hole refilled by the next token, leave the rows a rotation: about
   // two pieces per page of slots (the row map's pages and the rows' pages out of step), not a

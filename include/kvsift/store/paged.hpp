@@ -136,7 +136,7 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   [[nodiscard]] std::int32_t* position_slot(std::int64_t seq, int slot) const {
     return const_cast<std::int32_t*>(positions_.data()) + flat(seq, slot);
   }
-  // The row map lives beside the positions: slot i's row at the address of row i.
+  // The row map and the positions are per slot: slot i's entries at the address of row i.
   [[nodiscard]] std::int32_t* row_slot(std::int64_t seq, int slot) const {
     return const_cast<std::int32_t*>(rows_.data()) + flat(seq, slot);
   }
