@@ -16,8 +16,9 @@
 // are kept by slot, not by row: slot i's position is entry i, so a plan's positions over consecutive
 // slots (a whole-cache plan: StreamingLLM's, H2O's) are a copy of adjacent entries, page by page,
 // whatever rows hold the tokens, and a retain compacts them as it compacts the row map. Scorers,
-// selectors and plans speak slots; only an export to an engine's kernel speaks rows. Attention is order-free over keys, so rows need no order. retain picks the cheapest of
-// three ways to close the gaps the released tokens leave:
+// selectors and plans speak slots; only an export to an engine's kernel speaks rows. Attention is
+// order-free over keys, so rows need no order. retain picks the cheapest of three ways to close
+// the gaps the released tokens leave:
 //   compact     shift the kept rows down in order (slot i stays row i): chosen while the rows
 //               are in slot order and it moves at most four times the rows of the other way,
 //               e.g. a prompt's compression or a LagKV round (logical pages stay store pages:
@@ -417,8 +418,7 @@ class basic_store {
     });
   }
   // Slot i takes slot slots[i]'s position, i < slots.size() (ascending: slots[i] >= i, so in place
-  // front to back), after a retain: run by run of adjacent entries where nothing before i was
-  // released, an entry at a time after.
+  // front to back), after a retain: the kept prefix (slots[i] == i) is left as it is.
   void keep_positions(std::int64_t seq, std::span<const std::int32_t> slots) {
     const int m = static_cast<int>(slots.size());
     int k = 0;  // slots before k are kept in place
