@@ -8,6 +8,7 @@
 #include <kvsift/kvsift.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/catch_template_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <atomic>
@@ -357,6 +358,51 @@ TEST_CASE("store.append and a dense decode step allocate nothing", "[defects]") 
   }
   const auto decode_allocations = g_allocations;
   REQUIRE(decode_allocations < steps);
+}
+
+// The evicting methods' whole decode step (decode, the library's attention, after_attention with
+// its eviction round) allocates nothing once warm either, on the caller's thread (the counter is
+// this thread's): before, the budget check before each step built four vectors and a score set.
+TEMPLATE_TEST_CASE("an evicting method's decode step allocates nothing once warm", "[defects]",
+                   dense_t, paged_t) {
+  using store_t = TestType;
+  kvsift::cpu::scoped_threading serial(kvsift::cpu::threading::caller);
+  const auto run = [](auto& m, const prompt& p) {
+    const std::vector<kvsift::prefill_chunk<float>> chunks{p.chunk(0)};
+    m.prefill(1, chunks);
+    const auto k = wave(8, 0.3f), q = wave(16, 0.2f);
+    const std::vector<kvsift::decode_token<float>> step{{0, q.data(), k.data(), k.data()}};
+    std::vector<float> out(16);
+    const auto one_step = [&] {
+      m.decode(1, step);
+      m.attend(1, step, out.data());
+      m.after_attention(1, step);
+    };
+    for (int i = 0; i < 4; ++i) one_step();  // warms the plan, the weights and the scratch
+    g_allocations = 0;
+    for (int i = 0; i < 16; ++i) one_step();
+    return g_allocations;
+  };
+  const prompt p(24, 0.4f);
+  const auto fresh = [] {
+    if constexpr (std::is_same_v<store_t, dense_t>) {
+      return dense_t(kShape, 2, 64);
+    } else {
+      return paged_t(kShape, 2, 4, 2 * 2 * 2 * 16);  // 4-slot pages, 64 slots per head-sequence
+    }
+  };
+  {
+    store_t s = fresh();
+    kvsift::h2o<store_t> m(s, kvsift::h2o_params<store_t>(8));
+    CHECK(run(m, p) == 0);
+    CHECK(s.length(0, 1, 0) == 8);  // it evicted every step
+  }
+  {
+    store_t s = fresh();
+    kvsift::streaming_llm<store_t> m(s, kvsift::streaming_llm_params<store_t>(8, 2));
+    CHECK(run(m, p) == 0);
+    CHECK(s.length(0, 1, 0) == 8);
+  }
 }
 
 // 9. "Mirrors ..." comments name files that exist.

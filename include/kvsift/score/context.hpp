@@ -35,7 +35,8 @@ struct score_input {
 // Lays out `out` with one segment per head-sequence of `in`, each of size(segment) entries.
 template <class Store, class SizeOf>
 void layout_scores(const score_input<Store>& in, score_sets& out, SizeOf&& size_of) {
-  std::vector<int> sizes(static_cast<std::size_t>(in.segments()));
+  thread_local std::vector<int> sizes;  // scratch: nothing allocated once warm
+  sizes.resize(static_cast<std::size_t>(in.segments()));
   for (int s = 0; s < in.segments(); ++s) sizes[s] = size_of(s);
   out.resize(sizes);
 }

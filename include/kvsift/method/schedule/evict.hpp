@@ -73,6 +73,24 @@ void evict_check_queries(const M& m, std::string_view where, int layer, const Ch
   }
 }
 
+// Segments of the given sizes whose scores are all 0, for a selector's check of budgets against
+// lengths before any score exists (the check reads the sizes, and finds no NaN among zeros). Per
+// thread and reused: nothing is written to the scores, so a warm call allocates and clears none.
+inline const score_sets& zero_scores(std::span<const int> sizes) {
+  thread_local score_sets zeros;
+  std::int64_t total = 0;
+  bool negative = false;
+  for (const int n : sizes) {
+    total += n;
+    negative = negative || n < 0;
+  }
+  if (negative || total > score_sets::max_offset) zeros.resize(sizes);  // segmented.resize's error
+  zeros.offsets.resize(sizes.size() + 1);
+  for (std::size_t s = 0; s < sizes.size(); ++s) zeros.offsets[s + 1] = zeros.offsets[s] + sizes[s];
+  zeros.values.resize(static_cast<std::size_t>(total));  // new entries 0; the rest still 0
+  return zeros;
+}
+
 // A budget that cannot hold the protected tokens is an error before anything is appended: the
 // selector's check of the budgets of the prompts that end in `chunks`.
 template <class M, class Chunk>
@@ -88,9 +106,7 @@ void evict_check_prefill(const M& m, int layer, std::span<const Chunk> chunks) {
   }
   std::vector<int> budgets;
   m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
-  score_sets sizes_only;
-  sizes_only.resize(lengths);
-  m.parts().selector.check(sizes_only, budgets);
+  m.parts().selector.check(zero_scores(lengths), budgets);
 }
 
 // The same check before a decode step's token is appended, for the requests whose trigger will
@@ -101,15 +117,17 @@ void evict_check_decode(const M& m, int layer, std::span<const decode_token<T>> 
                         const std::vector<int>& steps, Frozen frozen) {
   if (layer < m.parameters().dense_layers) return;
   const auto& sh = m.store().shape();
-  std::vector<int> lengths;
+  // scratch per thread, as every decode step runs this: nothing allocated once warm
+  thread_local std::vector<int> lengths, budgets, firing_lengths, firing_budgets;
+  lengths.clear();
   for (const auto& t : tokens) {
     for (int h = 0; h < sh.kv_heads; ++h) {
       lengths.push_back(m.store().length(sh.sequence(t.request, layer, h)) + 1);
     }
   }
-  std::vector<int> budgets;
   m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, budgets);
-  std::vector<int> firing_lengths, firing_budgets;
+  firing_lengths.clear();
+  firing_budgets.clear();
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     for (int h = 0; h < sh.kv_heads; ++h) {
       const auto s = i * sh.kv_heads + h;
@@ -122,9 +140,7 @@ void evict_check_decode(const M& m, int layer, std::span<const decode_token<T>> 
       }
     }
   }
-  score_sets sizes_only;
-  sizes_only.resize(firing_lengths);
-  m.parts().selector.check(sizes_only, firing_budgets);
+  m.parts().selector.check(zero_scores(firing_lengths), firing_budgets);
 }
 
 // The requests of a round whose trigger fires (any of their KV heads), and their heads' budgets
@@ -365,18 +381,25 @@ class schedule::evict::state : public detail::one_tier<Store> {
       ++refreshes_;
     }
     layer_budgets_[layer] = firing_budgets.empty() ? -1 : firing_budgets.front();
-    index_sets& per_request = round_.kept;
     for (std::size_t i = 0; i < firing.size(); ++i) {
-      per_request.clear();
       bool shrinks = false;
       for (int h = 0; h < sh.kv_heads; ++h) {
         const int s = static_cast<int>(i) * sh.kv_heads + h;
-        per_request.push_back(kept_[s]);
         shrinks = shrinks || kept_.size(s) < store.length(sh.sequence(firing[i], layer, h));
       }
       if (!shrinks) continue;
-      store.retain(firing[i], layer, per_request);
-      if constexpr (scorer_hooks.compact) parts.scorer.compact(store, firing[i], layer, per_request);
+      // the request's kept sets: kept_ itself when it is the round's only one (a decode step of
+      // one request: no copy), else copied out of it
+      const index_sets* per_request = &kept_;
+      if (firing.size() > 1) {
+        round_.kept.clear();
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          round_.kept.push_back(kept_[static_cast<int>(i) * sh.kv_heads + h]);
+        }
+        per_request = &round_.kept;
+      }
+      store.retain(firing[i], layer, *per_request);
+      if constexpr (scorer_hooks.compact) parts.scorer.compact(store, firing[i], layer, *per_request);
     }
     // Progressive budgeters see the round, then may shrink layers already compressed, in place.
     if constexpr (budgeter_hooks.revise) {

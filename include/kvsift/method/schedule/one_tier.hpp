@@ -146,6 +146,12 @@ class one_tier {
         if (differs != 0) std::iota(in.begin(), in.end(), 0);
       }
       auto out = plan.positions[s];
+      if constexpr (requires { st.positions_prefix(seq, 0, out.data()); }) {
+        if (slots_too) {  // slots [0, n): the positions' runs copied, no slot read
+          st.positions_prefix(seq, static_cast<int>(in.size()), out.data());
+          return;
+        }
+      }
       if constexpr (requires { st.positions_of(seq, in, out.data()); }) {
         st.positions_of(seq, in, out.data());  // one lookup per slot, inline
       } else {
