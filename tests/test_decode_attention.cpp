@@ -4,7 +4,7 @@
 // other; attend_plan over a store gives the same output on every path. Shapes cover the kernels'
 // blocking: G from 1 to 12 (chunks of 8 or 4 heads, tiles of 1-4 heads), head_dim multiples of
 // 16, of 8 only (AVX-512 falls to AVX2) and of neither (portable fallback), row counts around
-// the lane and prefetch boundaries and across the AVX2 path's 2048-row chunks.
+// the lane and prefetch boundaries and across the vector paths' 2048-row chunks.
 
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/cpu/attention_rows.hpp>
@@ -150,8 +150,8 @@ void check_vector_path(cpu::simd level) {
   }
   const int G = GENERATE(1, 2, 3, 4, 5, 8, 12);
   const int d = GENERATE(8, 12, 16, 20, 40, 64, 80, 128, 256);  // 12, 20: not multiples of 8
-  // 2049, 4099, 4500: several chunks of the AVX2 path's online softmax (a last chunk of one row,
-  // of three, of 404)
+  // 2049, 4099, 4500: several chunks of the vector paths' online softmax (a last chunk of one
+  // row, of three, of 404)
   const std::size_t m = GENERATE(std::size_t{1}, std::size_t{5}, std::size_t{16}, std::size_t{17},
                                  std::size_t{100}, std::size_t{1000}, std::size_t{2049},
                                  std::size_t{4099}, std::size_t{4500});
@@ -183,6 +183,38 @@ TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx512 path's tiles and
   const std::size_t m = GENERATE(std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{18},
                                  std::size_t{1001}, std::size_t{1002});
   check_shape<TestType>(cpu::simd::avx512, G, d, m);
+}
+
+// The vector paths' online softmax over 2048-row chunks: the group's largest logit planted in the
+// first chunk (every later chunk keeps the running maximum: no rescale), in a middle one (one
+// rescale, then none) or in the last (a rescale at the end), for every head (a key along the sum
+// of the queries) or for one head only (head 0's key along its query: the heads' maxima move in
+// different chunks). A rescale skipped or applied twice moves the output far outside 2e-5.
+TEMPLATE_TEST_CASE("decode attention: the chunked softmax's running maximum wherever it peaks",
+                   "[decode_attention]", float, bfloat16) {
+  const std::size_t m = 5000;  // chunks of 2048, 2048, 904
+  const std::size_t at = GENERATE(std::size_t{3}, std::size_t{2047}, std::size_t{2048},
+                                  std::size_t{3000}, std::size_t{4999});
+  const bool one_head = GENERATE(false, true);
+  const int G = 4, d = 128;
+  group_case<TestType> c(G, d, m, static_cast<unsigned>(at + one_head));
+  std::vector<float> dir(d, 0.0f);
+  for (int g = 0; g < (one_head ? 1 : G); ++g) {
+    for (int i = 0; i < d; ++i) dir[i] += c.q[g * d + i];
+  }
+  float norm = 0.0f;
+  for (const float x : dir) norm += x * x;
+  for (int i = 0; i < d; ++i) {  // a logit ~4 x |q| above the rest: a peaked but finite softmax
+    c.k[c.order[at] * d + i] = kvsift::from_float<TestType>(4.0f * dir[i] / std::sqrt(norm) * 6.0f);
+  }
+  const auto ref = c.reference();
+  for (const cpu::simd s : {cpu::simd::avx2, cpu::simd::avx512}) {
+    if (cpu::detected_simd() < s) continue;
+    const pin p(s);
+    require_close(c.run(), ref, 2e-5,
+                  std::string(cpu::simd_name(s)) + " peak at row " + std::to_string(at) +
+                      (one_head ? " (head 0)" : " (every head)"));
+  }
 }
 
 // weighted_values_at (the values half alone, for weights computed elsewhere) against a double

@@ -15,8 +15,8 @@
 //   blocked for 16 vector registers (tiles of at most 4 query heads, logits two heads x four rows
 //   at a time, or four heads x two rows over 16-bit rows). Needs head_dim % 8 == 0.
 //
-// All compute softmax(q . k / sqrt(d)) v with the row maximum subtracted (the AVX2 path a running
-// maximum over 2048-row chunks, rescaling what it accumulated as the maximum grows); they differ
+// All compute softmax(q . k / sqrt(d)) v with the row maximum subtracted (the vector paths a
+// running maximum over 2048-row chunks, rescaling what they accumulated as it grows); they differ
 // in the order of float sums and in exp (a polynomial on the vector paths): each is within 2e-5
 // of a float64 reference (tests/test_decode_attention.cpp).
 // The best path the CPU has is chosen; it can be pinned lower with `cpu::scoped_simd` /
@@ -157,6 +157,16 @@ template <Element T, class RowAt>
 // contiguous rows from DRAM: the AVX-512 bf16 value pass 19.7-20.5 -> 31.6-32.1 GB/s, the AVX2 f32
 // one 14-15 -> 36; in cache unchanged or faster (docs/performance.md, "2026-12-01").
 constexpr std::size_t kRowBlock = 16;
+
+// Both vector paths take the rows in chunks of kChunk (online softmax, as FlashDecoding splits a
+// sequence): a chunk's logits (G x kChunk floats, 32 KB for a group of 4) stay in L1/L2 between
+// its logits, exp and accumulate passes however long the sequence (the scratch is bounded: G x m
+// floats would be 2 MB a thread at 128K), and each chunk rescales what the earlier ones
+// accumulated by exp(old max - new max). On AVX-512 this replaced one pass over all m rows
+// (logits for the whole sequence written, then read for the maximum, rewritten by exp and read by
+// the values, from L2); the decode rows that read 32K rows from DRAM, six interleaved runs each
+// (docs/performance.md, "2026-12-05, eleventh session"): full_kv f32 +2%, bf16 +5% (medians).
+constexpr std::size_t kChunk = 2048;
 
 template <int Channels, Element T, class ValueAt>
 [[gnu::always_inline]] inline void prefetch_tile_ahead(ValueAt& value, std::size_t j,
@@ -318,16 +328,18 @@ KVSIFT_TARGET_AVX512 inline void logits_quad(const float* q, int d, const T* con
   }
 }
 
-// logits[g * ld + j] = scale * q_g . key(j) for the GC <= 8 query heads q [GC, d] (in the rows'
-// slot order): rows in fours (each row converted once per four heads), the last m % 4 one by one.
+// logits[g * ld + j] = scale * q_g . key(j) for j in [0, m) and the GC <= 8 query heads q [GC, d]
+// (in the rows' slot order): rows in fours (each row converted once per four heads), the last
+// m % 4 one by one. key(j) exists for j < ahead (>= m): the prefetches run on past row m - 1 into
+// the rows of the chunk after this one (attend_group).
 template <int GC, Element T, bool Paired, class KeyAt>
-KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, KeyAt& key,
-                                       float scale, float* logits, std::size_t ld) {
+KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, std::size_t ahead,
+                                       KeyAt& key, float scale, float* logits, std::size_t ld) {
   static_assert(GC >= 1 && GC <= 8);
   constexpr int S = slots_per_load<Paired>;
   std::size_t j = 0;
   for (; j + 4 <= m; j += 4) {
-    prefetch_logits_ahead<T>(key, j, 4, m, d);
+    prefetch_logits_ahead<T>(key, j, 4, ahead, d);
     const T* k[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
     logits_quad<(GC < 4 ? GC : 4), T, Paired>(q, d, k, scale, logits, ld, j);
     if constexpr (GC > 4) {
@@ -358,16 +370,22 @@ KVSIFT_TARGET_AVX512 void logits_block(const float* q, int d, std::size_t m, Key
   }
 }
 
-// x[j] = exp(x[j] - max x) over one row; returns the sum (the normaliser, applied at the end).
-KVSIFT_TARGET_AVX512 inline float exp_row(float* x, std::size_t m) {
+// max x[j] over one row of m > 0 floats.
+KVSIFT_TARGET_AVX512 inline float row_max(const float* x, std::size_t m) {
   std::size_t j = 0;
   __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (; j + 16 <= m; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + j));
   float top = _mm512_reduce_max_ps(mx);
   for (; j < m; ++j) top = std::max(top, x[j]);
+  return top;
+}
+
+// x[j] = exp(x[j] - top) over one row (top >= max x); returns the sum (the normaliser, applied
+// at the end).
+KVSIFT_TARGET_AVX512 inline float exp_row(float* x, std::size_t m, float top) {
   const __m512 t = _mm512_set1_ps(top);
   __m512 sum = _mm512_setzero_ps();
-  j = 0;
+  std::size_t j = 0;
   for (; j + 16 <= m; j += 16) {
     const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(x + j), t));
     _mm512_storeu_ps(x + j, e);
@@ -422,64 +440,81 @@ KVSIFT_TARGET_AVX512 void accumulate_block(const float* w, std::size_t ld, int c
   }
 }
 
-// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads and m > 0 rows. Channel tiles
-// of kTile 16-lane slots (GC x kTile <= 16 accumulators); rows in blocks of kRowBlock, every tile
-// of a block before the next block, so a V row comes from memory once (the later tiles find it in
-// L1); the first block is prefetched here, the later ones by the tiles' row loops
-// (prefetch_tile_ahead). Paired rows accumulate in slot order, put back in channel order by the
-// final scaling.
+// out[g, :] += sum_{j < m} w[g * ld + j] value(j) for GC heads and m > 0 rows (value(j) exists for
+// j < ahead, ahead >= m: the prefetches run on into the rows after these). Channel tiles of kTile
+// 16-lane slots (GC x kTile <= 16 accumulators); rows in blocks of kRowBlock, every tile of a
+// block before the next block, so a V row comes from memory once (the later tiles find it in L1);
+// the tiles' row loops prefetch the blocks ahead (prefetch_tile_ahead), the caller the first one.
 template <int GC, Element T, bool Paired, class ValueAt>
-KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
-                                           std::size_t m, ValueAt& value, float* out) {
+KVSIFT_TARGET_AVX512 void accumulate_rows(const float* w, std::size_t ld, int d, std::size_t m,
+                                          std::size_t ahead, ValueAt& value, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 8 : GC <= 4 ? 4 : 2;
   constexpr int S = slots_per_load<Paired>;
-  for (int c = 0; c < GC * d; c += 16) _mm512_storeu_ps(out + c, _mm512_setzero_ps());  // no memset call
-  for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
   for (std::size_t j0 = 0; j0 < m; j0 += kRowBlock) {
     const std::size_t j1 = std::min(m, j0 + kRowBlock);
     int c0 = 0;
     for (; c0 + 16 * kTile <= d; c0 += 16 * kTile) {
       with_tile_prefetch<T>(c0, 16 * kTile, [&]<bool P>() {
-        accumulate_block<GC, kTile, T, Paired, P>(w, ld, c0, d, j0, j1, m, value, out);
+        accumulate_block<GC, kTile, T, Paired, P>(w, ld, c0, d, j0, j1, ahead, value, out);
       });
     }
     for (; c0 < d; c0 += 16 * S) {
       with_tile_prefetch<T>(c0, 16 * S, [&]<bool P>() {
-        accumulate_block<GC, S, T, Paired, P>(w, ld, c0, d, j0, j1, m, value, out);
+        accumulate_block<GC, S, T, Paired, P>(w, ld, c0, d, j0, j1, ahead, value, out);
       });
-    }
-  }
-  KVSIFT_UNROLL
-  for (int g = 0; g < GC; ++g) {
-    const __m512 s = _mm512_set1_ps(inv[g]);
-    float* o = out + g * d;
-    if constexpr (Paired) {  // slots (even, odd) of each 32 channels back to channel order
-      const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-      const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
-      for (int c = 0; c < d; c += 32) {
-        const __m512 e = _mm512_mul_ps(_mm512_loadu_ps(o + c), s);
-        const __m512 od = _mm512_mul_ps(_mm512_loadu_ps(o + c + 16), s);
-        _mm512_storeu_ps(o + c, _mm512_permutex2var_ps(e, lo, od));
-        _mm512_storeu_ps(o + c + 16, _mm512_permutex2var_ps(e, hi, od));
-      }
-    } else {
-      for (int c = 0; c < d; c += 16) {
-        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), s));
-      }
     }
   }
 }
 
+// out[g, :] *= s[g] for GC heads; Paired rows' slots (even, odd) of each 32 channels put back in
+// channel order.
+template <Element T, bool Paired>
+KVSIFT_TARGET_AVX512 void finish_heads(const float* s, int G, int d, float* out) {
+  for (int g = 0; g < G; ++g) {
+    const __m512 sg = _mm512_set1_ps(s[g]);
+    float* o = out + g * d;
+    if constexpr (Paired) {
+      const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+      const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+      for (int c = 0; c < d; c += 32) {
+        const __m512 e = _mm512_mul_ps(_mm512_loadu_ps(o + c), sg);
+        const __m512 od = _mm512_mul_ps(_mm512_loadu_ps(o + c + 16), sg);
+        _mm512_storeu_ps(o + c, _mm512_permutex2var_ps(e, lo, od));
+        _mm512_storeu_ps(o + c + 16, _mm512_permutex2var_ps(e, hi, od));
+      }
+    } else {
+      for (int c = 0; c < d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), sg));
+    }
+  }
+}
+
+// out[g, :] = inv[g] * sum_j w[g * ld + j] value(j) for GC heads and m > 0 rows (Paired rows
+// accumulate in slot order, put back in channel order by the final scaling).
+template <int GC, Element T, bool Paired, class ValueAt>
+KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const float* inv, int d,
+                                           std::size_t m, ValueAt& value, float* out) {
+  for (int c = 0; c < GC * d; c += 16) _mm512_storeu_ps(out + c, _mm512_setzero_ps());  // no memset call
+  for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
+  accumulate_rows<GC, T, Paired>(w, ld, d, m, m, value, out);
+  finish_heads<T, Paired>(inv, GC, d, out);
+}
+
 // krow[j] / vrow[j]: row j's addresses, looked up once by the caller (the kernels and their
 // prefetches ask for each row several times). bf16 rows with head_dim % 32 == 0 are Paired
-// (load_slot): the query is put in slot order once here.
+// (load_slot): the query is put in slot order once here. Rows in chunks of kChunk (online
+// softmax); each pass's prefetches run on into the next chunk's rows (the `ahead` bounds), so the
+// K and V streams stay ahead across the chunks' turns.
 template <Element T>
 void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* krow,
                   const T* const* vrow, float* out, float scale, std::vector<float>& logits) {
-  auto key = [krow](std::size_t j) { return krow[j]; };
-  auto value = [vrow](std::size_t j) { return vrow[j]; };
-  logits.resize(static_cast<std::size_t>(G) * m);
+  const std::size_t chunk = std::min(m, kChunk);
+  logits.resize(static_cast<std::size_t>(G) * chunk);
   float* lg = logits.data();
+  thread_local std::vector<float> state;  // per head: running max, running sum, rescale factor
+  state.resize(3 * static_cast<std::size_t>(G));
+  float* run_max = state.data();
+  float* run_sum = run_max + G;
+  float* factor = run_sum + G;
   with_pairing<T>(d, [&]<bool Paired>() {
     const float* q = qg;
     if constexpr (Paired) {
@@ -488,19 +523,45 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
       to_paired_order(qg, qs.data(), G, d);
       q = qs.data();
     }
-    for (int g0 = 0; g0 < G; g0 += 8) {
-      with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
-        logits_block<GC, T, Paired>(q + g0 * d, d, m, key, scale, lg + g0 * m, m);
-      });
+    std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
+    for (std::size_t c0 = 0; c0 < m; c0 += chunk) {
+      const std::size_t n = std::min(chunk, m - c0);
+      const std::size_t ahead = m - c0;
+      const T* const* kc = krow + c0;
+      const T* const* vc = vrow + c0;
+      auto key = [kc](std::size_t j) { return kc[j]; };
+      auto value = [vc](std::size_t j) { return vc[j]; };
+      for (int g0 = 0; g0 < G; g0 += 8) {
+        with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
+          logits_block<GC, T, Paired>(q + g0 * d, d, n, ahead, key, scale, lg + g0 * n, n);
+        });
+      }
+      bool rescale = false;
+      for (int g = 0; g < G; ++g) {
+        const float top = row_max(lg + g * n, n);
+        if (c0 == 0) {
+          run_max[g] = top;
+          run_sum[g] = exp_row(lg + g * n, n, top);
+          continue;
+        }
+        const float next = std::max(run_max[g], top);
+        factor[g] = next > run_max[g] ? exp_nonpositive(run_max[g] - next) : 1.0f;
+        rescale = rescale || next > run_max[g];
+        run_sum[g] = run_sum[g] * factor[g] + exp_row(lg + g * n, n, next);
+        run_max[g] = next;
+      }
+      if (rescale) finish_heads<T, false>(factor, G, d, out);  // a scaling, slots left in place
+      if (c0 == 0) {
+        for (std::size_t j = 0; j < std::min(n, kRowBlock); ++j) prefetch_row(value(j), d);
+      }
+      for (int g0 = 0; g0 < G; g0 += 8) {
+        with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
+          accumulate_rows<GC, T, Paired>(lg + g0 * n, n, d, n, ahead, value, out + g0 * d);
+        });
+      }
     }
-    thread_local std::vector<float> inv;
-    inv.resize(static_cast<std::size_t>(G));
-    for (int g = 0; g < G; ++g) inv[g] = 1.0f / exp_row(lg + g * m, m);
-    for (int g0 = 0; g0 < G; g0 += 8) {
-      with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
-        accumulate_heads<GC, T, Paired>(lg + g0 * m, m, inv.data() + g0, d, m, value, out + g0 * d);
-      });
-    }
+    for (int g = 0; g < G; ++g) factor[g] = 1.0f / run_sum[g];
+    finish_heads<T, Paired>(factor, G, d, out);
   });
 }
 
@@ -767,11 +828,6 @@ KVSIFT_TARGET_AVX2 inline void scale_rows(float* out, int G, int d, const float*
     }
   }
 }
-
-// Rows in chunks of kChunk (online softmax, as FlashDecoding splits a sequence): a chunk's logits
-// (G x kChunk floats) stay in L2 between the logits, exp and accumulate passes however long the
-// sequence; each chunk rescales what the earlier ones accumulated by exp(old max - new max).
-constexpr std::size_t kChunk = 2048;
 
 template <Element T>
 void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* krow,
