@@ -691,20 +691,21 @@ KVSIFT_TARGET_AVX2 inline void logits_pair4(const float* q, int d, const T* cons
 // block at a time across four rows' lines follow that core's hardware prefetcher worse than two
 // rows': quad.cpp). f32 rows stay in fours: in pairs their logits read 15-20% slower in cache
 // and 20-30% faster from DRAM.
+// key(j) exists for j < ahead (>= m): the prefetches run on into the next chunk's rows.
 template <int GC, Element T, class KeyAt>
-KVSIFT_TARGET_AVX2 void logits_block(const float* q, int d, std::size_t m, KeyAt& key,
-                                     float scale, float* logits, std::size_t ld) {
+KVSIFT_TARGET_AVX2 void logits_block(const float* q, int d, std::size_t m, std::size_t ahead,
+                                     KeyAt& key, float scale, float* logits, std::size_t ld) {
   static_assert(GC >= 1 && GC <= 4);
   std::size_t j = 0;
   if constexpr (GC == 4 && !std::is_same_v<T, float>) {
     for (; j + 2 <= m; j += 2) {
-      prefetch_logits_ahead<T>(key, j, 2, m, d);
+      prefetch_logits_ahead<T>(key, j, 2, ahead, d);
       const T* k[2] = {key(j), key(j + 1)};
       logits_pair4<T>(q, d, k, scale, logits, ld, j);
     }
   }
   for (; j + 4 <= m; j += 4) {
-    prefetch_logits_ahead<T>(key, j, 4, m, d);
+    prefetch_logits_ahead<T>(key, j, 4, ahead, d);
     const T* k[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
     logits_quad<(GC < 2 ? GC : 2), T>(q, d, k, scale, logits, ld, j);
     if constexpr (GC > 2) logits_quad<GC - 2, T>(q + 2 * d, d, k, scale, logits + 2 * ld, ld, j);
@@ -796,10 +797,10 @@ KVSIFT_TARGET_AVX2 void accumulate_block(const float* w, std::size_t ld, int c0,
 // as many 8-lane blocks as the registers hold, rows in blocks of kRowBlock with every tile of a
 // block before the next block, so a V row comes from memory once (the later tiles find it in
 // L1); the first block is prefetched here, the later ones by the tiles' row loops
-// (prefetch_tile_ahead).
+// (prefetch_tile_ahead), on into the next chunk's rows (vrow[j] exists for j < ahead, >= m).
 template <int GC, Element T>
 KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, int d, std::size_t m,
-                                         const T* const* vrow, float* out) {
+                                         std::size_t ahead, const T* const* vrow, float* out) {
   constexpr int kTile = GC == 1 ? 8 : GC == 2 ? 4 : 2;
   auto value = [vrow](std::size_t j) { return vrow[j]; };
   for (std::size_t j = 0; j < std::min(m, kRowBlock); ++j) prefetch_row(value(j), d);
@@ -808,12 +809,12 @@ KVSIFT_TARGET_AVX2 void accumulate_heads(const float* w, std::size_t ld, int d, 
     int c0 = 0;
     for (; c0 + 8 * kTile <= d; c0 += 8 * kTile) {
       with_tile_prefetch<T>(c0, 8 * kTile, [&]<bool P>() {
-        accumulate_block<GC, kTile, T, P>(w, ld, c0, d, j0, j1, m, value, out);
+        accumulate_block<GC, kTile, T, P>(w, ld, c0, d, j0, j1, ahead, value, out);
       });
     }
     for (; c0 < d; c0 += 8) {
       with_tile_prefetch<T>(c0, 8, [&]<bool P>() {
-        accumulate_block<GC, 1, T, P>(w, ld, c0, d, j0, j1, m, value, out);
+        accumulate_block<GC, 1, T, P>(w, ld, c0, d, j0, j1, ahead, value, out);
       });
     }
   }
@@ -847,7 +848,7 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
     auto key = [kc](std::size_t j) { return kc[j]; };
     for (int g0 = 0; g0 < G; g0 += 4) {
       with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
-        logits_block<GC, T>(qg + g0 * d, d, n, key, scale, lg + g0 * n, n);
+        logits_block<GC, T>(qg + g0 * d, d, n, m - c0, key, scale, lg + g0 * n, n);
       });
     }
     for (int g = 0; g < G; ++g) {
@@ -866,7 +867,7 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
     if (c0 > 0) scale_rows(out, G, d, factor);
     for (int g0 = 0; g0 < G; g0 += 4) {
       with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
-        accumulate_heads<GC, T>(lg + g0 * n, n, d, n, vrow + c0, out + g0 * d);
+        accumulate_heads<GC, T>(lg + g0 * n, n, d, n, m - c0, vrow + c0, out + g0 * d);
       });
     }
   }
@@ -910,7 +911,7 @@ void weighted_values_at(const float* w, int G, int d, std::size_t m, const T* co
   if (d % 8 == 0 && level >= simd::avx2) {
     for (int g0 = 0; g0 < G; g0 += 4) {
       detail::with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
-        detail::avx2::accumulate_heads<GC, T>(w + g0 * m, m, d, m, vrow, out + g0 * d);
+        detail::avx2::accumulate_heads<GC, T>(w + g0 * m, m, d, m, m, vrow, out + g0 * d);
       });
     }
     return;
