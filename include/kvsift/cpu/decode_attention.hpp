@@ -160,12 +160,12 @@ constexpr std::size_t kRowBlock = 16;
 
 // Both vector paths take the rows in chunks of kChunk (online softmax, as FlashDecoding splits a
 // sequence): a chunk's logits (G x kChunk floats, 32 KB for a group of 4) stay in L1/L2 between
-// its logits, exp and accumulate passes however long the sequence (the scratch is bounded: G x m
-// floats would be 2 MB a thread at 128K), and each chunk rescales what the earlier ones
-// accumulated by exp(old max - new max). On AVX-512 this replaced one pass over all m rows
-// (logits for the whole sequence written, then read for the maximum, rewritten by exp and read by
-// the values, from L2); the decode rows that read 32K rows from DRAM, six interleaved runs each
-// (docs/performance.md, "2026-12-05, eleventh session"): full_kv f32 +2%, bf16 +5% (medians).
+// its logits, exp and accumulate passes however long the sequence, and each chunk rescales what
+// the earlier ones accumulated by exp(old max - new max). The scratch is bounded: the AVX-512
+// path held the whole sequence's logits before (G x m floats, 2 MB a thread at 128K, 16 MB at
+// 1M). Speed from DRAM was unchanged within the noise on AVX-512; the AVX2 path, whose prefetches
+// stopped at each chunk's end before, read 32K rows 2-12% faster on 3 of 4 decode rows
+// (docs/performance.md, "2026-12-05, eleventh session").
 constexpr std::size_t kChunk = 2048;
 
 template <int Channels, Element T, class ValueAt>
