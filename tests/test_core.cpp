@@ -344,6 +344,17 @@ TEST_CASE("segmented: CSR layout, resize, push_back and index-set validation", "
   REQUIRE_THROWS_WITH(kvsift::validate_index_sets(s, [](int) { return 9; }, "t", "kept"),
                       Catch::Matchers::ContainsSubstring("kept[0][2]") &&
                           Catch::Matchers::ContainsSubstring("ascending"));
+  // reshape: the same layout without value-initialising what the array held (a tail it grows
+  // is); resize zeroes everything; a bad size changes neither
+  s.reshape(std::vector<int>{2, 4});
+  REQUIRE(s.offsets == std::vector<std::int32_t>{0, 2, 6});
+  REQUIRE(s.values == std::vector<std::int32_t>{0, 1, 1, 1, 4, 7});
+  s.reshape(std::vector<int>{4, 4});
+  REQUIRE(s.values == std::vector<std::int32_t>{0, 1, 1, 1, 4, 7, 0, 0});
+  REQUIRE_THROWS_WITH(s.reshape(std::vector<int>{1, -1}), Catch::Matchers::ContainsSubstring("sizes[1]"));
+  REQUIRE(s.offsets == std::vector<std::int32_t>{0, 4, 8});
+  s.resize(std::vector<int>{3, 3});
+  REQUIRE(s.values == std::vector<std::int32_t>(6, 0));
   s.clear();
   REQUIRE(s.segments() == 0);
   REQUIRE(s.values.empty());

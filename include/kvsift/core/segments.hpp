@@ -42,6 +42,13 @@ struct segmented {
   // are int32 (CUB's segment offsets): sizes that are negative or sum past INT32_MAX are a
   // kvsift::error, thrown before anything changes.
   void resize(std::span<const int> sizes) {
+    reshape(sizes);
+    std::fill(values.begin(), values.end(), T{});
+  }
+  // resize without the value-initialisation: the values are left as the old array held them (a
+  // new tail value-initialised), for a caller that rewrites every segment next (a whole-cache
+  // plan, one token longer each step: 1 MB of zeros a step at 32K x 8 heads, not written).
+  void reshape(std::span<const int> sizes) {
     std::int64_t total = 0;
     for (std::size_t s = 0; s < sizes.size(); ++s) {
       total += sizes[s];
@@ -56,7 +63,7 @@ struct segmented {
     }
     const auto n = static_cast<std::size_t>(offsets.back());
     if (n > values.capacity()) values.reserve(std::max(n, 2 * values.capacity()));  // amortised
-    values.assign(n, T{});
+    values.resize(n);
   }
   void push_back(std::span<const T> segment) {
     require(values.size() + segment.size() <= static_cast<std::size_t>(max_offset),

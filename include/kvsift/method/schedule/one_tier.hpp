@@ -112,7 +112,7 @@ class one_tier {
     for (std::size_t s = 0; same && s < sizes_.size(); ++s) {
       same = plan.slots.size(static_cast<int>(s)) == sizes_[s];
     }
-    if (!same) plan.slots.resize(sizes_);
+    if (!same) plan.slots.reshape(sizes_);  // fill_positions writes every segment's slots
     plan.pages.clear();
     if (page_size > 0) {
       for (int& n : sizes_) n = (n + page_size - 1) / page_size;
