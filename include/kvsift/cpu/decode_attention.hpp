@@ -168,6 +168,54 @@ constexpr std::size_t kRowBlock = 16;
 // (docs/performance.md, "2026-12-05, eleventh session").
 constexpr std::size_t kChunk = 2048;
 
+// The online softmax's state for a group's G heads across the chunks (attend_group on both vector
+// paths): per head the running maximum and sum, and the factor the output of the earlier chunks
+// is rescaled by when a chunk raises the maximum. Per-thread scratch.
+class online_softmax {
+ public:
+  explicit online_softmax(int G) : G_(G) {
+    thread_local std::vector<float> state;
+    state.resize(3 * static_cast<std::size_t>(G));
+    run_max_ = state.data();
+    run_sum_ = run_max_ + G;
+    factor_ = run_sum_ + G;
+  }
+  // One chunk's logits lg [G, n] to exp(logit - running maximum), in place, through the path's
+  // row_max(x, n) and exp_row(x, n, top). True when a head's maximum grew: the output so far
+  // must then be scaled by factors() (1 for the heads whose maximum stayed).
+  template <class RowMax, class ExpRow>
+  bool chunk(float* lg, std::size_t n, bool first, RowMax&& row_max, ExpRow&& exp_row) {
+    bool grew = false;
+    for (int g = 0; g < G_; ++g) {
+      float* x = lg + static_cast<std::size_t>(g) * n;
+      const float top = row_max(x, n);
+      if (first) {
+        run_max_[g] = top;
+        run_sum_[g] = exp_row(x, n, top);
+        continue;
+      }
+      const float next = std::max(run_max_[g], top);
+      factor_[g] = next > run_max_[g] ? exp_nonpositive(run_max_[g] - next) : 1.0f;
+      grew = grew || next > run_max_[g];
+      run_sum_[g] = run_sum_[g] * factor_[g] + exp_row(x, n, next);
+      run_max_[g] = next;
+    }
+    return grew;
+  }
+  // The final scaling, 1 / sum per head.
+  const float* normalisers() {
+    for (int g = 0; g < G_; ++g) factor_[g] = 1.0f / run_sum_[g];
+    return factor_;
+  }
+  [[nodiscard]] const float* factors() const { return factor_; }
+
+ private:
+  int G_;
+  float* run_max_;
+  float* run_sum_;
+  float* factor_;
+};
+
 template <int Channels, Element T, class ValueAt>
 [[gnu::always_inline]] inline void prefetch_tile_ahead(ValueAt& value, std::size_t j,
                                                        std::size_t m, int c0) {
@@ -510,11 +558,9 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
   const std::size_t chunk = std::min(m, kChunk);
   logits.resize(static_cast<std::size_t>(G) * chunk);
   float* lg = logits.data();
-  thread_local std::vector<float> state;  // per head: running max, running sum, rescale factor
-  state.resize(3 * static_cast<std::size_t>(G));
-  float* run_max = state.data();
-  float* run_sum = run_max + G;
-  float* factor = run_sum + G;
+  online_softmax softmax(G);
+  const auto max_of = [](const float* x, std::size_t n) { return row_max(x, n); };
+  const auto exp_of = [](float* x, std::size_t n, float top) { return exp_row(x, n, top); };
   with_pairing<T>(d, [&]<bool Paired>() {
     const float* q = qg;
     if constexpr (Paired) {
@@ -536,21 +582,9 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
           logits_block<GC, T, Paired>(q + g0 * d, d, n, ahead, key, scale, lg + g0 * n, n);
         });
       }
-      bool rescale = false;
-      for (int g = 0; g < G; ++g) {
-        const float top = row_max(lg + g * n, n);
-        if (c0 == 0) {
-          run_max[g] = top;
-          run_sum[g] = exp_row(lg + g * n, n, top);
-          continue;
-        }
-        const float next = std::max(run_max[g], top);
-        factor[g] = next > run_max[g] ? exp_nonpositive(run_max[g] - next) : 1.0f;
-        rescale = rescale || next > run_max[g];
-        run_sum[g] = run_sum[g] * factor[g] + exp_row(lg + g * n, n, next);
-        run_max[g] = next;
+      if (softmax.chunk(lg, n, c0 == 0, max_of, exp_of)) {
+        finish_heads<T, false>(softmax.factors(), G, d, out);  // a scaling, slots left in place
       }
-      if (rescale) finish_heads<T, false>(factor, G, d, out);  // a scaling, slots left in place
       if (c0 == 0) {
         for (std::size_t j = 0; j < std::min(n, kRowBlock); ++j) prefetch_row(value(j), d);
       }
@@ -560,8 +594,7 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
         });
       }
     }
-    for (int g = 0; g < G; ++g) factor[g] = 1.0f / run_sum[g];
-    finish_heads<T, Paired>(factor, G, d, out);
+    finish_heads<T, Paired>(softmax.normalisers(), G, d, out);
   });
 }
 
@@ -836,11 +869,9 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
   const std::size_t chunk = std::min(m, kChunk);
   logits.resize(static_cast<std::size_t>(G) * chunk);
   float* lg = logits.data();
-  thread_local std::vector<float> state;  // per head: running max, running sum, rescale factor
-  state.resize(3 * static_cast<std::size_t>(G));
-  float* run_max = state.data();
-  float* run_sum = run_max + G;
-  float* factor = run_sum + G;
+  online_softmax softmax(G);
+  const auto max_of = [](const float* x, std::size_t n) { return row_max(x, n); };
+  const auto exp_of = [](float* x, std::size_t n, float top) { return exp_row(x, n, top); };
   std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
   for (std::size_t c0 = 0; c0 < m; c0 += chunk) {
     const std::size_t n = std::min(chunk, m - c0);
@@ -851,28 +882,14 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
         logits_block<GC, T>(qg + g0 * d, d, n, m - c0, key, scale, lg + g0 * n, n);
       });
     }
-    for (int g = 0; g < G; ++g) {
-      const float top = row_max(lg + g * n, n);
-      if (c0 == 0) {
-        run_max[g] = top;
-        run_sum[g] = exp_row(lg + g * n, n, top);
-        factor[g] = 1.0f;
-      } else {
-        const float next = std::max(run_max[g], top);
-        factor[g] = exp_nonpositive(run_max[g] - next);
-        run_sum[g] = run_sum[g] * factor[g] + exp_row(lg + g * n, n, next);
-        run_max[g] = next;
-      }
-    }
-    if (c0 > 0) scale_rows(out, G, d, factor);
+    if (softmax.chunk(lg, n, c0 == 0, max_of, exp_of)) scale_rows(out, G, d, softmax.factors());
     for (int g0 = 0; g0 < G; g0 += 4) {
       with_heads<4>(std::min(4, G - g0), [&]<int GC>() {
         accumulate_heads<GC, T>(lg + g0 * n, n, d, n, m - c0, vrow + c0, out + g0 * d);
       });
     }
   }
-  for (int g = 0; g < G; ++g) factor[g] = 1.0f / run_sum[g];
-  scale_rows(out, G, d, factor);
+  scale_rows(out, G, d, softmax.normalisers());
 }
 
 }  // namespace avx2
