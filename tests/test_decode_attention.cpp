@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Decode attention of one GQA group (cpu/decode_attention.hpp): the portable path and the AVX2 and
-// AVX-512 paths (where this CPU has them) against a double-precision reference, and against each
+// Decode attention of one GQA group (cpu/decode_attention.hpp): the portable path and the AVX2,
+// AVX-512 and AMX paths (where this CPU has them) against a double-precision reference, and against each
 // other; attend_plan over a store gives the same output on every path. Shapes cover the kernels'
 // blocking: G from 1 to 12 (chunks of 8 or 4 heads, tiles of 1-4 heads), head_dim multiples of
 // 16, of 8 only (AVX-512 falls to AVX2) and of neither (portable fallback), row counts around
@@ -170,20 +170,86 @@ TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx512 path matches a d
   check_vector_path<TestType>(cpu::simd::avx512);
 }
 
+// The amx path: bf16 keys on the tile unit (the other types run the avx512 kernels there).
+TEMPLATE_TEST_CASE("decode attention of a GQA group: the amx path matches a double reference "
+                   "and the portable path",
+                   "[decode_attention][amx]", float, half, bfloat16) {
+  check_vector_path<TestType>(cpu::simd::amx);
+}
+
 // The AVX-512 path reads bf16 rows with head_dim % 32 == 0 as even/odd channel pairs (the query
 // and the output in slot order): every head count of a chunk (GC 1-8), head_dims whose channel
 // tiles end in a tail of one pair (32, 96: a tile of 64 then 32; 160: 128 then 32), and every row
 // count mod 4 (the logits' quads and their tail). f32 and f16 run the same shapes unpaired.
+// On the amx path the same shapes cover its B tiles of 1-4 heads (G 5-8: a tile of four and one
+// of the rest), one to five 32-channel chunks, and the rows past the last block of 16 (2, 3, 4,
+// 18, 1001, 1002 rows: the AVX-512 logits take them).
 TEMPLATE_TEST_CASE("decode attention of a GQA group: the avx512 path's tiles and tails, bf16 "
                    "channel pairs among them",
                    "[decode_attention][avx512]", float, half, bfloat16) {
-  if (cpu::detected_simd() < cpu::simd::avx512) SKIP("this CPU has no avx512");
+  const cpu::simd level = GENERATE(cpu::simd::avx512, cpu::simd::amx);
+  if (cpu::detected_simd() < level) SKIP("this CPU has no " << cpu::simd_name(level));
   const int G = GENERATE(1, 2, 3, 4, 5, 6, 7, 8);
   const int d = GENERATE(32, 96, 160);
   const std::size_t m = GENERATE(std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{18},
                                  std::size_t{1001}, std::size_t{1002});
-  check_shape<TestType>(cpu::simd::avx512, G, d, m);
+  check_shape<TestType>(level, G, d, m);
 }
+
+#if KVSIFT_HAVE_X86_SIMD_PATH
+// The amx key pass itself (amx_logits) against a double dot product: 1-4 heads, one to eight
+// 32-channel chunks, rows the row stride apart and rows that are not (a block copied together
+// first), the rows past the last block of 16 left to the caller. The three bf16 parts of the query
+// carry a float's 24 bits: each logit within 1e-6 of sum |q_c k_c| x scale of the exact one.
+TEST_CASE("amx key pass: 16 rows a tile product, each logit as close as a float sum",
+          "[decode_attention][amx]") {
+  if (cpu::detected_simd() < cpu::simd::amx) SKIP("this CPU has no amx");
+  if (!cpu::amx_ready()) SKIP("the OS did not grant this process the AMX tile state");
+  std::mt19937 rng(53);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const int d : {32, 64, 128, 256}) {
+    for (const std::size_t n : {std::size_t{15}, std::size_t{16}, std::size_t{37}, std::size_t{300}}) {
+      for (const bool strided : {true, false}) {
+        std::vector<bfloat16> k((2 * n + 1) * static_cast<std::size_t>(d));
+        for (auto& x : k) x = bfloat16(nd(rng));
+        std::vector<const bfloat16*> rows(n);  // strided: row j at j; else every other row
+        for (std::size_t j = 0; j < n; ++j) rows[j] = k.data() + (strided ? j : 2 * j + j % 3 / 2) * d;
+        for (int G = 1; G <= 4; ++G) {
+          std::vector<float> q(static_cast<std::size_t>(G) * d);
+          for (float& x : q) x = nd(rng) * 0.3f;
+          std::vector<std::uint16_t> tiles(static_cast<std::size_t>(d / 32) * 512);
+          cpu::detail::avx512::amx_query_tiles(q.data(), G, d, tiles.data());
+          const std::size_t ld = n + 5;
+          std::vector<float> got(static_cast<std::size_t>(G) * ld, -7.0f);
+          const float scale = 0.125f;
+          auto key = [&](std::size_t j) { return rows[j]; };
+          std::size_t done = 0;
+          cpu::detail::with_heads<4>(G, [&]<int GC>() {
+            done = cpu::detail::avx512::amx_logits<GC>(tiles.data(), d, n, n, key, scale, got.data(), ld);
+          });
+          REQUIRE(done == n / 16 * 16);
+          for (int g = 0; g < G; ++g) {
+            for (std::size_t j = 0; j < ld; ++j) {
+              CAPTURE(d, n, strided, G, g, j);
+              if (j >= done) {  // rows past the last block, and the columns beyond, untouched
+                REQUIRE(got[g * ld + j] == -7.0f);
+                continue;
+              }
+              double exact = 0.0, size = 0.0;
+              for (int c = 0; c < d; ++c) {
+                const double p = static_cast<double>(q[g * d + c]) * kvsift::to_float(rows[j][c]);
+                exact += p;
+                size += std::fabs(p);
+              }
+              REQUIRE(std::fabs(got[g * ld + j] - exact * scale) <= 1e-6 * size * scale + 1e-30);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+#endif
 
 // The vector paths' online softmax over 2048-row chunks: the group's largest logit planted in the
 // first chunk (every later chunk keeps the running maximum: no rescale), in a middle one (one
@@ -208,7 +274,7 @@ TEMPLATE_TEST_CASE("decode attention: the chunked softmax's running maximum wher
     c.k[c.order[at] * d + i] = kvsift::from_float<TestType>(4.0f * dir[i] / std::sqrt(norm) * 6.0f);
   }
   const auto ref = c.reference();
-  for (const cpu::simd s : {cpu::simd::avx2, cpu::simd::avx512}) {
+  for (const cpu::simd s : {cpu::simd::avx2, cpu::simd::avx512, cpu::simd::amx}) {
     if (cpu::detected_simd() < s) continue;
     const pin p(s);
     require_close(c.run(), ref, 2e-5,
@@ -272,7 +338,7 @@ TEST_CASE("pinning the path: scoped pins nest and restore, force/unforce, never 
     const pin outer(cpu::simd::portable);
     REQUIRE(cpu::active_simd() == cpu::simd::portable);
     {
-      const pin inner(cpu::simd::avx512);  // a level the CPU may lack: never more than detected
+      const pin inner(cpu::simd::amx);  // a level the CPU may lack: never more than detected
       REQUIRE(cpu::active_simd() == cpu::detected_simd());
       const pin middle(cpu::simd::avx2);
       REQUIRE(cpu::active_simd() == std::min(cpu::simd::avx2, cpu::detected_simd()));
@@ -314,7 +380,7 @@ TEMPLATE_TEST_CASE("attend_plan gives the same output on both paths, ragged plan
     const pin p(cpu::simd::portable);
     kvsift::attention::attend_plan(store, 0, 0, q.data(), plan, a.data());
   }
-  for (const cpu::simd level : {cpu::simd::avx2, cpu::simd::avx512}) {  // each vector path here
+  for (const cpu::simd level : {cpu::simd::avx2, cpu::simd::avx512, cpu::simd::amx}) {  // each vector path here
     if (level > cpu::detected_simd()) continue;
     const pin p(level);
     std::vector<float> c(q.size());

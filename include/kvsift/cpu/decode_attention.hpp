@@ -2,7 +2,7 @@
 #pragma once
 
 // Decode attention of one GQA group on the CPU: the G query heads of a KV head against m kept
-// rows, each K and V row read once for the whole group. Two implementations behind one call:
+// rows, each K and V row read once for the whole group. Four paths behind one call:
 //
 // - portable: plain C++ over core/dot.hpp's 8-lane order (any compiler, any CPU; the path nvcc's
 //   host pass and non-x86 builds take);
@@ -11,6 +11,9 @@
 //   generic x86-64 still uses 16-lane FMAs, one-instruction f16 -> f32 conversion, bf16 as even/odd
 //   channel pairs when head_dim % 32 == 0 (load_slot) and a vectorised exp. Needs a head_dim
 //   multiple of 16; other shapes take the next path down.
+// - amx: the avx512 path with the key pass of bf16 rows (head_dim % 32 == 0) on the AMX tile unit
+//   (amx_logits: 16 rows a tile product, the query in three bf16 parts); everything else as
+//   avx512.
 // - avx2: the same kernels on 8 lanes (AVX2 + FMA + F16C: every x86-64 server CPU since 2013),
 //   blocked for 16 vector registers (tiles of at most 4 query heads, logits two heads x four rows
 //   at a time, or four heads x two rows over 16-bit rows). Needs head_dim % 8 == 0.
@@ -20,8 +23,8 @@
 // in the order of float sums and in exp (a polynomial on the vector paths): each is within 2e-5
 // of a float64 reference (tests/test_decode_attention.cpp).
 // The best path the CPU has is chosen; it can be pinned lower with `cpu::scoped_simd` /
-// `cpu::force_simd` (tests, benchmarks) or KVSIFT_SIMD=portable|avx2 in the environment, read
-// once.
+// `cpu::force_simd` (tests, benchmarks) or KVSIFT_SIMD=portable|avx2|avx512 in the environment,
+// read once.
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/cpu/math.hpp>
@@ -547,6 +550,140 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
   finish_heads<T, Paired>(inv, GC, d, out);
 }
 
+// The key pass of bf16 rows on the AMX tile unit (the amx path): 16 key rows at a time are one
+// tile product (TDPBF16PS), the rows the A tile as they lie in memory (16 rows x 32 channels, the
+// row stride apart), the query heads the B tile. The query is float, so each head is split in
+// three bf16 parts, hi + mid + lo (each the remainder of the ones before, rounded: the 24
+// significant bits a float holds), each a column of its own: a bf16 key times a bf16 part is
+// exact in float, and the tile unit adds the products in float (denormals flushed). A head's logit
+// is (lo + mid) + hi of its three columns: within ~1e-7 of the AVX-512 kernel's. What it saves is
+// instructions, not arithmetic: the FMA kernel's ~75 per 256-byte row leave the out-of-order
+// window too few loads to keep DRAM busy (a key pass with no arithmetic at all read bf16 rows ~9%
+// faster, docs/performance.md, "2026-12-05, twelfth session"); here a tile load takes 16 lines.
+
+// LDTILECFG's 64 bytes (palette 1): per tile its rows and bytes per row.
+struct amx_tile_config {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(amx_tile_config) == 64);
+
+constexpr int kAmxHeads = 4;                // query heads per B tile (3 parts each: 12 columns)
+constexpr std::size_t kAmxTileWords = 512;  // one B tile: 16 rows of 64 bytes, as uint16
+
+// The B tiles of GC <= kAmxHeads query heads q [GC, d] (d % 32 == 0): per 32-channel chunk kc, 16
+// rows (channel pairs) of 64 bytes, column s GC + g holding part s of q_g's two channels:
+// tiles[kc * 512 + r * 32 + (s GC + g) * 2 + i] = part_s(q_g[32 kc + 2 r + i]).
+inline void amx_query_tiles(const float* q, int GC, int d, std::uint16_t* tiles) {
+  std::fill(tiles, tiles + static_cast<std::size_t>(d / 32) * kAmxTileWords, std::uint16_t{0});
+  for (int c = 0; c < d; ++c) {
+    const std::size_t at = static_cast<std::size_t>(c / 32) * kAmxTileWords + (c % 32) / 2 * 32 + c % 2;
+    for (int g = 0; g < GC; ++g) {
+      float x = q[static_cast<std::size_t>(g) * d + c];
+      for (int s = 0; s < 3; ++s) {
+        const std::uint16_t b = kvsift::detail::float_to_bfloat16_bits(x);
+        tiles[at + static_cast<std::size_t>(s * GC + g) * 2] = b;
+        x -= to_float(bfloat16::from_bits(b));  // exact: x minus its nearest bf16
+      }
+    }
+  }
+}
+
+// logits[g * ld + j .. + 16) = scale * ((lo + mid) + hi) from a stored C tile c [16 rows][16
+// floats] whose row t holds hi, mid, lo of GC heads (columns s GC + g). Four heads: sums in
+// 128-bit lanes four rows at a time, then two permutes per pair of heads; fewer: gathers.
+template <int GC>
+KVSIFT_TARGET_AVX512 inline void amx_store_logits(const float* c, float scale, float* logits,
+                                                  std::size_t ld, std::size_t j) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  if constexpr (GC == 4) {
+    __m512 sums[4];  // sums[b]: rows 4b .. 4b + 3, each its four heads' logits
+    KVSIFT_UNROLL
+    for (int b = 0; b < 4; ++b) {
+      const __m512 r0 = _mm512_load_ps(c + 64 * b), r1 = _mm512_load_ps(c + 64 * b + 16);
+      const __m512 r2 = _mm512_load_ps(c + 64 * b + 32), r3 = _mm512_load_ps(c + 64 * b + 48);
+      const __m512 t01 = _mm512_shuffle_f32x4(r0, r1, 0x44), t23 = _mm512_shuffle_f32x4(r2, r3, 0x44);
+      const __m512 u01 = _mm512_shuffle_f32x4(r0, r1, 0xEE), u23 = _mm512_shuffle_f32x4(r2, r3, 0xEE);
+      const __m512 hi = _mm512_shuffle_f32x4(t01, t23, 0x88);
+      const __m512 mid = _mm512_shuffle_f32x4(t01, t23, 0xDD);
+      const __m512 lo = _mm512_shuffle_f32x4(u01, u23, 0x88);
+      sums[b] = _mm512_add_ps(_mm512_add_ps(lo, mid), hi);
+    }
+    // heads (0, 1) of rows 0..7 from sums[0], sums[1]: lane i < 8 head 0 of row i, else head 1
+    const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    const __m512i pick23 = _mm512_add_epi32(pick, _mm512_set1_epi32(2));
+    const __m512 a01 = _mm512_permutex2var_ps(sums[0], pick, sums[1]);
+    const __m512 a23 = _mm512_permutex2var_ps(sums[2], pick, sums[3]);
+    const __m512 b01 = _mm512_permutex2var_ps(sums[0], pick23, sums[1]);
+    const __m512 b23 = _mm512_permutex2var_ps(sums[2], pick23, sums[3]);
+    _mm512_storeu_ps(logits + j, _mm512_mul_ps(_mm512_shuffle_f32x4(a01, a23, 0x44), sc));
+    _mm512_storeu_ps(logits + ld + j, _mm512_mul_ps(_mm512_shuffle_f32x4(a01, a23, 0xEE), sc));
+    _mm512_storeu_ps(logits + 2 * ld + j, _mm512_mul_ps(_mm512_shuffle_f32x4(b01, b23, 0x44), sc));
+    _mm512_storeu_ps(logits + 3 * ld + j, _mm512_mul_ps(_mm512_shuffle_f32x4(b01, b23, 0xEE), sc));
+  } else {
+    const __m512i rows = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192,
+                                           208, 224, 240);
+    KVSIFT_UNROLL
+    for (int g = 0; g < GC; ++g) {
+      const __m512 hi = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(g)), c, 4);
+      const __m512 mid = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(GC + g)), c, 4);
+      const __m512 lo = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(2 * GC + g)), c, 4);
+      _mm512_storeu_ps(logits + g * ld + j, _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(lo, mid), hi), sc));
+    }
+  }
+}
+
+// logits[g * ld + j] = scale * q_g . key(j) for the rows j < n / 16 * 16 (returned) and GC <=
+// kAmxHeads heads given as their B tiles (amx_query_tiles). key(j) exists for j < ahead (>= n):
+// the near prefetches (into L1, kPrefetchRows ahead) run on into the next chunk; the far ones
+// (into L2) measured no faster here. A block's rows that do not lie the row stride apart (a
+// page's end, rows out of slot order) are copied together first.
+template <int GC, class KeyAt>
+KVSIFT_TARGET_AMX std::size_t amx_logits(const std::uint16_t* qt, int d, std::size_t n,
+                                         std::size_t ahead, KeyAt& key, float scale,
+                                         float* logits, std::size_t ld) {
+  static_assert(GC >= 1 && GC <= kAmxHeads);
+  const std::size_t n16 = n / 16 * 16;
+  if (n16 == 0) return 0;
+  amx_tile_config cfg;
+  cfg.rows[0] = 16;  // C: 16 rows x 3 GC floats
+  cfg.colsb[0] = static_cast<std::uint16_t>(12 * GC);
+  cfg.rows[1] = 16;  // A: 16 key rows x 32 channels
+  cfg.colsb[1] = 64;
+  cfg.rows[2] = 16;  // B: 16 channel pairs x 3 GC columns of two
+  cfg.colsb[2] = static_cast<std::uint16_t>(12 * GC);
+  _tile_loadconfig(&cfg);
+  alignas(64) float c[16 * 16];
+  thread_local std::vector<bfloat16> stage;
+  const std::size_t rb = static_cast<std::size_t>(d) * sizeof(bfloat16);
+  for (std::size_t j = 0; j < n16; j += 16) {
+    for (std::size_t p = j + kPrefetchRows; p < std::min(ahead, j + kPrefetchRows + 16); ++p) {
+      prefetch_row(key(p), d);
+    }
+    const char* base = reinterpret_cast<const char*>(key(j));
+    bool strided = true;
+    for (int i = 1; i < 16; ++i) strided &= reinterpret_cast<const char*>(key(j + i)) == base + i * rb;
+    if (!strided) {
+      stage.resize(16 * static_cast<std::size_t>(d));
+      for (int i = 0; i < 16; ++i) std::memcpy(stage.data() + i * d, key(j + i), rb);
+      base = reinterpret_cast<const char*>(stage.data());
+    }
+    _tile_zero(0);
+    for (int kc = 0; kc < d / 32; ++kc) {
+      _tile_loadd(1, base + 64 * kc, static_cast<long>(rb));
+      _tile_loadd(2, qt + kc * kAmxTileWords, 64);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, c, 64);
+    amx_store_logits<GC>(c, scale, logits, ld, j);
+  }
+  _tile_release();
+  return n16;
+}
+
 // krow[j] / vrow[j]: row j's addresses, looked up once by the caller (the kernels and their
 // prefetches ask for each row several times). bf16 rows with head_dim % 32 == 0 are Paired
 // (load_slot): the query is put in slot order once here. Rows in chunks of kChunk (online
@@ -554,7 +691,8 @@ KVSIFT_TARGET_AVX512 void accumulate_heads(const float* w, std::size_t ld, const
 // K and V streams stay ahead across the chunks' turns.
 template <Element T>
 void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* krow,
-                  const T* const* vrow, float* out, float scale, std::vector<float>& logits) {
+                  const T* const* vrow, float* out, float scale, std::vector<float>& logits,
+                  bool amx = false) {
   const std::size_t chunk = std::min(m, kChunk);
   logits.resize(static_cast<std::size_t>(G) * chunk);
   float* lg = logits.data();
@@ -570,6 +708,17 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
       q = qs.data();
     }
     std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
+    // the amx path's key pass: bf16 rows, head_dim % 32 == 0 (Paired), B tiles of the query built
+    // once (amx_query_tiles)
+    thread_local std::vector<std::uint16_t> qt;
+    const bool tiles = Paired && amx;
+    if (tiles) {
+      const std::size_t per = static_cast<std::size_t>(d / 32) * kAmxTileWords;
+      qt.resize(static_cast<std::size_t>((G + kAmxHeads - 1) / kAmxHeads) * per);
+      for (int g0 = 0; g0 < G; g0 += kAmxHeads) {
+        amx_query_tiles(qg + g0 * d, std::min(kAmxHeads, G - g0), d, qt.data() + g0 / kAmxHeads * per);
+      }
+    }
     for (std::size_t c0 = 0; c0 < m; c0 += chunk) {
       const std::size_t n = std::min(chunk, m - c0);
       const std::size_t ahead = m - c0;
@@ -577,7 +726,21 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
       const T* const* vc = vrow + c0;
       auto key = [kc](std::size_t j) { return kc[j]; };
       auto value = [vc](std::size_t j) { return vc[j]; };
-      for (int g0 = 0; g0 < G; g0 += 8) {
+      if constexpr (Paired) {
+        for (int g0 = 0; g0 < G && tiles; g0 += kAmxHeads) {  // 16 rows at a time, the rest below
+          with_heads<kAmxHeads>(std::min(kAmxHeads, G - g0), [&]<int GC>() {
+            const std::size_t per = static_cast<std::size_t>(d / 32) * kAmxTileWords;
+            const std::size_t done = amx_logits<GC>(qt.data() + g0 / kAmxHeads * per, d, n, ahead,
+                                                    key, scale, lg + g0 * n, n);
+            auto rest = [kc, done](std::size_t j) { return kc[done + j]; };
+            if (done < n) {
+              logits_block<GC, T, Paired>(q + g0 * d, d, n - done, ahead - done, rest, scale,
+                                          lg + g0 * n + done, n);
+            }
+          });
+        }
+      }
+      for (int g0 = 0; g0 < G && !tiles; g0 += 8) {
         with_heads<8>(std::min(8, G - g0), [&]<int GC>() {
           logits_block<GC, T, Paired>(q + g0 * d, d, n, ahead, key, scale, lg + g0 * n, n);
         });
@@ -908,7 +1071,7 @@ void weighted_values_at(const float* w, int G, int d, std::size_t m, const T* co
                         float* out) {
 #if KVSIFT_HAVE_X86_SIMD_PATH
   const simd level = active_simd();
-  if (m > 0 && d % 16 == 0 && level == simd::avx512) {  // its kernel zeroes each head's output
+  if (m > 0 && d % 16 == 0 && level >= simd::avx512) {  // its kernel zeroes each head's output
     auto value = [vrow](std::size_t j) { return vrow[j]; };
     const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};  // the weights are normalised: scale by 1
     detail::avx512::with_pairing<T>(d, [&]<bool Paired>() {
@@ -965,11 +1128,13 @@ void attend_group_at(const float* qg, int G, int d, std::size_t m, const T* cons
     return;
   }
 #if KVSIFT_HAVE_X86_SIMD_PATH
-  if (d % 16 == 0 && active_simd() == simd::avx512) {
-    detail::avx512::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits);
+  const simd level = active_simd();
+  if (d % 16 == 0 && level >= simd::avx512) {
+    const bool amx = std::is_same_v<T, bfloat16> && level == simd::amx && amx_ready();
+    detail::avx512::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits, amx);
     return;
   }
-  if (d % 8 == 0 && active_simd() >= simd::avx2) {
+  if (d % 8 == 0 && level >= simd::avx2) {
     detail::avx2::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits);
     return;
   }

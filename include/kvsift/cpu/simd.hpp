@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The CPU's vector paths: which one this CPU and build can run (portable, AVX2, AVX-512), a pin
-// to a lower one for tests and side-by-side benchmarks (`scoped_simd`, `force_simd`,
-// KVSIFT_SIMD=portable|avx2 in the environment, read once), and the target attributes the
+// The CPU's vector paths: which one this CPU and build can run (portable, AVX2, AVX-512, AVX-512
+// with AMX tiles), a pin to a lower one for tests and side-by-side benchmarks (`scoped_simd`,
+// `force_simd`, KVSIFT_SIMD=portable|avx2|avx512 in the environment, read once), and the target
+// attributes the
 // kernels compiled for each path carry (`__attribute__((target))`, so a binary built for generic
 // x86-64 still runs them where the CPU has them). Used by the decode attention
 // (cpu/decode_attention.hpp), the exact dot products (cpu/group_dots.hpp) and the exact softmax
@@ -41,22 +42,48 @@
 // AVX2 without FMA: code whose products must round on their own (cpu/group_dots.hpp), and the
 // loads both kinds inline (a callee's target must be a subset of its caller's)
 #define KVSIFT_TARGET_AVX2_NOFMA __attribute__((target("avx2,f16c")))
+// The AVX-512 path's bf16 key pass on the AMX tile unit (cpu/decode_attention.hpp)
+#define KVSIFT_TARGET_AMX \
+  __attribute__((target("avx512f,avx512bw,avx2,fma,f16c,amx-tile,amx-bf16")))
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #else
 #define KVSIFT_HAVE_X86_SIMD_PATH 0
 #endif
 
 namespace kvsift::cpu {
 
-// The decode attention paths, in order: a CPU that runs one runs every one before it.
-enum class simd { portable, avx2, avx512 };
+// The decode attention paths, in order: a CPU that runs one runs every one before it. `amx` is
+// the AVX-512 path with the bf16 key pass on the AMX tile unit (AMX-TILE + AMX-BF16: Intel Xeon
+// since Sapphire Rapids); every other kernel runs as on `avx512`.
+enum class simd { portable, avx2, avx512, amx };
 
 inline std::string_view simd_name(simd s) {
   switch (s) {
+    case simd::amx: return "amx";
     case simd::avx512: return "avx512";
     case simd::avx2: return "avx2";
     default: return "portable";
   }
 }
+
+#if KVSIFT_HAVE_X86_SIMD_PATH
+namespace detail {
+// AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22), with the tile state enabled by the
+// OS (XCR0 bits 17 and 18, read where OSXSAVE says XGETBV may run).
+inline bool amx_in_cpu_and_os() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  if ((d & (1u << 24)) == 0 || (d & (1u << 22)) == 0) return false;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & (3u << 17)) == (3u << 17);
+}
+}  // namespace detail
+#endif
 
 // The best path this CPU and build can run.
 inline simd detected_simd() {
@@ -67,7 +94,7 @@ inline simd detected_simd() {
   // __builtin_cpu_supports does not know "f16c".
   static const simd best = [] {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
-      return simd::avx512;
+      return detail::amx_in_cpu_and_os() ? simd::amx : simd::avx512;
     }
     unsigned a = 0, b = 0, c = 0, d = 0;
     const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
@@ -89,6 +116,7 @@ inline std::atomic<int>& simd_override() {
     const std::string_view pin = env != nullptr ? env : "";
     return pin == "portable" ? static_cast<int>(simd::portable)
            : pin == "avx2"   ? static_cast<int>(simd::avx2)
+           : pin == "avx512" ? static_cast<int>(simd::avx512)
                              : -1;
   }()};
   return v;
@@ -115,6 +143,25 @@ inline simd active_simd() {
   const simd best = detected_simd();
   return o >= 0 && o < static_cast<int>(best) ? static_cast<simd>(o) : best;
 }
+// Whether this process may run AMX tile instructions, asked of the OS once, the first time the
+// amx path is about to run (never where it is pinned lower): Linux grants the tile data state
+// per process on request (arch_prctl ARCH_REQ_XCOMP_PERM, 5.16 and later; it refuses while a
+// thread has an alternate signal stack too small for that state, and afterwards such a stack
+// cannot be installed). A refusal, or another OS, leaves the amx path running as avx512;
+// KVSIFT_SIMD=avx512 keeps the request from being made.
+inline bool amx_ready() {
+#if KVSIFT_HAVE_X86_SIMD_PATH && defined(__linux__)
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long kXtiledata = 18;         // XFEATURE_XTILEDATA
+    return detected_simd() == simd::amx && ::syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
+
 // Pins the path (process-wide) / drops any pin, KVSIFT_SIMD's included.
 inline void force_simd(simd s) { detail::simd_override().store(static_cast<int>(s)); }
 inline void unforce_simd() { detail::simd_override().store(-1); }

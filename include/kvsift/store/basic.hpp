@@ -6,7 +6,9 @@
 //   T* key_slot(seq, row), T* value_slot(seq, row), std::int32_t* position_slot(seq, i),
 //   std::int32_t* row_slot(seq, i), int adjacent_slots(seq, i) (how many slots from i on have
 //   adjacent position and row-map entries: to the end of i's page), bool can_grow(seq, new_length) const,
-//   void grow(seq, new_length), void shrink(seq, new_length).
+//   void grow(seq, new_length), void shrink(seq, new_length); optionally int adjacent_run(seq, i,
+//   limit) (the same on through the pages that follow in memory, as far as limit: for_each_run's
+//   runs then span them).
 //
 // Slots and rows. A head-sequence of n resident tokens occupies the physical rows [0, n) of its
 // memory, or [0, n + 1) with one released row among them that the next append fills (the waiting
@@ -84,9 +86,10 @@ class basic_store {
     const std::size_t dim = static_cast<std::size_t>(shape_.head_dim);
     const bool ordered = ordered_[seq] != 0;
     const std::size_t m = slots.size();
-    // consecutive slots (a whole-cache plan: StreamingLLM's, H2O's) out of row order: piece by
-    // piece of consecutive rows (for_each_piece), not through a page lookup per slot
-    if (!ordered && consecutive(slots)) {
+    // consecutive slots (a whole-cache plan: full KV's, StreamingLLM's, H2O's): piece by piece of
+    // consecutive rows (for_each_piece: in row order a run, across the pages that follow each
+    // other in a paged pool), not through a page lookup per slot
+    if (consecutive(slots)) {
       const int first = slots[0];
       for_each_piece(seq, first, first + static_cast<int>(m), [&](int slot, std::int64_t f0, int count) {
         const auto i = static_cast<std::size_t>(slot - first);
@@ -393,12 +396,18 @@ class basic_store {
     });
   }
   // f(i, run) for runs that cover slots [first, last) in order, each run the slots from i whose
-  // per-slot entries (the row map's, the positions') lie side by side in memory: a page's, or a
-  // dense store's whole head-sequence (adjacent_slots).
+  // per-slot entries (the row map's, the positions') lie side by side in memory: a page's and the
+  // pages that follow it in the pool (adjacent_run), or a dense store's whole head-sequence
+  // (adjacent_slots).
   template <class F>
   void for_each_run(std::int64_t seq, int first, int last, F&& f) const {
     for (int i = first; i < last;) {
-      const int run = std::min(self().adjacent_slots(seq, i), last - i);
+      int run = 0;
+      if constexpr (requires { self().adjacent_run(seq, i, last - i); }) {
+        run = std::min(self().adjacent_run(seq, i, last - i), last - i);  // across pages
+      } else {
+        run = std::min(self().adjacent_slots(seq, i), last - i);
+      }
       f(i, run);
       i += run;
     }

@@ -127,6 +127,20 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   [[nodiscard]] int adjacent_slots(std::int64_t, int slot) const {
     return page_shift_ >= 0 ? page_size_ - (slot & (page_size_ - 1)) : page_size_ - slot % page_size_;
   }
+  // The same, on through the pages that follow slot's page in the pool (a prompt's pages are
+  // mostly allocated in a row), as far as `limit` slots: one run where adjacent_slots gives one
+  // per page. A whole 32K head-sequence's positions or row addresses are then a few long loops
+  // instead of 2048 of 16 entries each (basic.hpp's for_each_run).
+  [[nodiscard]] int adjacent_run(std::int64_t seq, int slot, int limit) const {
+    const auto& pl = pages_[static_cast<std::size_t>(seq)];
+    std::size_t p = static_cast<std::size_t>(slot / page_size_);
+    int n = adjacent_slots(seq, slot);
+    while (n < limit && p + 1 < pl.size() && pl[p + 1] == pl[p] + 1) {
+      n += page_size_;
+      ++p;
+    }
+    return n;
+  }
   [[nodiscard]] T* key_slot(std::int64_t seq, int slot) const {
     return keys_ + flat(seq, slot) * this->shape_.head_dim;
   }

@@ -122,15 +122,23 @@ class one_tier {
         std::iota(seg.begin(), seg.end(), 0);
       }
     }
-    fill_positions(m, layer, plan, /*slots_too=*/true);
+    fill_positions(m, layer, plan, same ? slots::check : slots::write);
   }
 
-  // plan.positions from plan.slots, segment by segment (with `slots_too`, each segment's slots
-  // [0, n) written first). In parallel over the segments when the plan is large: a whole 32K
+  // What fill_positions does with each segment's slots first: nothing (they are the plan), or
+  // make them [0, n): `check` where they may already be (rewritten only where they differ: the
+  // attention's threads read these entries, and a rewrite would take each cache line back from
+  // the core that read it), `write` where they are not (a plan laid out anew: every segment after
+  // the first moved, so a check would read the whole plan to learn that).
+  enum class slots { keep, check, write };
+
+  // plan.positions from plan.slots, segment by segment (every segment's slots first made [0, n)
+  // unless `how` is keep). In parallel over the segments when the plan is large: a whole 32K
   // cache's positions are gathered page by page (a page's 16 entries one cache line, the next
   // page's elsewhere), ~0.4 ms for 8 heads on one core, which the attention's threads waited for.
   template <class M>
-  static void fill_positions(const M& m, int layer, attention_plan& plan, bool slots_too = false) {
+  static void fill_positions(const M& m, int layer, attention_plan& plan, slots how = slots::keep) {
+    const bool slots_too = how != slots::keep;
     const auto& st = m.store();
     const auto& sh = st.shape();
     plan.positions.offsets = plan.slots.offsets;
@@ -140,9 +148,11 @@ class one_tier {
       const int s = static_cast<int>(s64);
       const auto seq = sh.sequence(plan.requests[s / sh.kv_heads], layer, s % sh.kv_heads);
       const auto in = plan.slots[s];
-      if (slots_too) {  // slots [0, n), written only where they are not already (one vector pass)
-        std::int32_t differs = 0;
-        for (std::size_t i = 0; i < in.size(); ++i) differs |= in[i] ^ static_cast<std::int32_t>(i);
+      if (slots_too) {  // slots [0, n); with `check` written only where they are not already
+        std::int32_t differs = how == slots::write ? 1 : 0;
+        if (how == slots::check) {  // one vector pass
+          for (std::size_t i = 0; i < in.size(); ++i) differs |= in[i] ^ static_cast<std::int32_t>(i);
+        }
         if (differs != 0) std::iota(in.begin(), in.end(), 0);
       }
       auto out = plan.positions[s];
