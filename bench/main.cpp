@@ -306,6 +306,11 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("kvsift_reference", kvbench::reference_beside() ? "beside" : "run");
   benchmark::AddCustomContext("kvsift_threading",
                               threading == kvsift::cpu::threading::caller ? "caller" : "pool");
+  {  // the decode attention's path (KVSIFT_SIMD pins it lower); amx where the OS granted the tiles
+    auto path = kvsift::cpu::active_simd();
+    if (path == kvsift::cpu::simd::amx && !kvsift::cpu::amx_ready()) path = kvsift::cpu::simd::avx512;
+    benchmark::AddCustomContext("kvsift_simd", std::string(kvsift::cpu::simd_name(path)));
+  }
   kvbench::register_components();
   kvbench::register_methods();
   kvbench::register_transfer();

@@ -127,6 +127,9 @@ def main(argv):
     threading = ctx.get("kvsift_threading")
     if threading:
         print(f"- kvsift threading: {threading}")
+    simd = ctx.get("kvsift_simd")
+    if simd:
+        print(f"- decode attention path: {simd} (KVSIFT_SIMD pins a lower one)")
     print(f"- host: {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs @ "
           f"{ctx.get('mhz_per_cpu', '?')} MHz, load average "
           f"{', '.join(f'{x:.1f}' for x in ctx.get('load_avg', [])) or '?'}; run {ctx.get('date', '?')}")
