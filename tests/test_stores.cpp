@@ -485,6 +485,68 @@ TEMPLATE_TEST_CASE("stores: a sliding window moves one row per step, not the win
   }
 }
 
+// A paged store's per-slot entries run on through the pages that follow in the pool
+// (adjacent_run): four head-sequences appended in turns of 1 to 37 tokens leave page lists with
+// runs of adjacent pages of every length and breaks between them, some pages freed and taken
+// again by another sequence. positions_prefix, row_addresses over consecutive slots (from the
+// start, from within a page, up to a page's end) and a one-token release (its entries shifted
+// down run by run) then agree with position(), key() and value() slot by slot.
+TEST_CASE("paged store: runs across adjacent pages give every slot's entries", "[store]") {
+  constexpr model_shape sh{.layers = 1, .q_heads = 2, .kv_heads = 2, .head_dim = 4};
+  for (const int page : {1, 4, 5}) {
+    kvsift::store::paged<float> s(sh, 2, page, 4 * (300 / page + 2));
+    std::mt19937 rng(static_cast<unsigned>(page) + 7);
+    const auto append = [&](int r, int count) {
+      const int first = s.next_position(r, 0);
+      std::vector<float> kv(static_cast<std::size_t>(count) * 2 * 4);
+      for (std::size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<float>(first * 100 + r * 10) + static_cast<float>(i % 8);
+      const auto v = kvsift::kv_view<const float, kvsift::nhd>::contiguous(kv.data(), count, 2, 4);
+      s.append(r, 0, v, v, first);
+    };
+    for (int turn = 0; turn < 24; ++turn) {
+      append(turn % 2, 1 + static_cast<int>(rng() % 37));
+      if (turn == 11) s.reset(1);  // its pages back to the pool, taken again in other orders
+    }
+    for (int r = 0; r < 2; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        const auto seq = sh.sequence(r, 0, h);
+        for (int round = 0; round < 2; ++round) {
+          CAPTURE(page, r, h, round);
+          const int n = s.length(seq);
+          std::vector<std::int32_t> prefix(static_cast<std::size_t>(n) + 1, -1);
+          s.positions_prefix(seq, n, prefix.data());
+          for (int i = 0; i < n; ++i) REQUIRE(prefix[i] == s.position(seq, i));
+          REQUIRE(prefix[n] == -1);
+          for (const int from : {0, 1, page - 1, n / 2}) {
+            for (const int to : {n, n - 1, (n / page) * page}) {
+              if (from >= to) continue;
+              std::vector<std::int32_t> slots(static_cast<std::size_t>(to - from));
+              std::iota(slots.begin(), slots.end(), from);
+              std::vector<const float*> k(slots.size()), v(slots.size());
+              s.row_addresses(seq, slots, k.data(), v.data());
+              for (std::size_t i = 0; i < slots.size(); ++i) {
+                REQUIRE(k[i] == s.key(seq, slots[i]));
+                REQUIRE(v[i] == s.value(seq, slots[i]));
+              }
+            }
+          }
+          // release one token from the middle: the later slots' positions shift down one
+          std::vector<std::int32_t> before(static_cast<std::size_t>(n));
+          for (int i = 0; i < n; ++i) before[i] = s.position(seq, i);
+          std::vector<std::int32_t> keep;
+          for (int i = 0; i < n; ++i) {
+            if (i != n / 3) keep.push_back(i);
+          }
+          kvsift::index_sets kept;
+          for (int hh = 0; hh < 2; ++hh) kept.push_back(keep);
+          s.retain(r, 0, kept);
+          for (int i = 0; i + 1 < n; ++i) REQUIRE(s.position(seq, i) == before[i < n / 3 ? i : i + 1]);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("kv_allocator: KV arrays of 2 MiB or more are 2 MiB aligned (huge-page advised), "
           "smaller ones ordinary; a store's own arrays use it", "[store]") {
   constexpr std::size_t huge = kvsift::kv_allocator<float>::huge_page_bytes;
