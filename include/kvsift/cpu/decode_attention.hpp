@@ -656,7 +656,7 @@ KVSIFT_TARGET_AMX std::size_t amx_logits(const std::uint16_t* qt, int d, std::si
   cfg.rows[2] = 16;  // B: 16 channel pairs x 3 GC columns of two
   cfg.colsb[2] = static_cast<std::uint16_t>(12 * GC);
   _tile_loadconfig(&cfg);
-  alignas(64) float c[16 * 16];
+  alignas(64) float c[16 * 16] = {};  // rows of 3 GC floats stored; the rest of each row read, unused
   thread_local std::vector<bfloat16> stage;
   const std::size_t rb = static_cast<std::size_t>(d) * sizeof(bfloat16);
   for (std::size_t j = 0; j < n16; j += 16) {
