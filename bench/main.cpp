@@ -200,25 +200,24 @@ float fma_rounds_portable(std::int64_t rounds) {
 }
 
 // lanes per multiply-add on the active path, and one thread's rounds: FMAs, or (exact) a multiply
-// and then an add (the portable path's arithmetic either way)
+// and then an add (the portable path's arithmetic either way). The amx path runs its float
+// arithmetic on AVX-512 (its tile unit takes only the bf16 key pass, whose products are not
+// counted apart), so it has the avx512 path's reference.
 int path_lanes() {
 #if KVSIFT_HAVE_X86_SIMD_PATH
-  switch (kvsift::cpu::active_simd()) {
-    case kvsift::cpu::simd::avx512: return 16;
-    case kvsift::cpu::simd::avx2: return 8;
-    default: break;
-  }
+  const auto level = kvsift::cpu::active_simd();
+  if (level >= kvsift::cpu::simd::avx512) return 16;
+  if (level == kvsift::cpu::simd::avx2) return 8;
 #endif
   return 4;
 }
 float madd_rounds(std::int64_t rounds, bool exact) {
 #if KVSIFT_HAVE_X86_SIMD_PATH
-  switch (kvsift::cpu::active_simd()) {
-    case kvsift::cpu::simd::avx512:
-      return exact ? madd_rounds_avx512<true>(rounds) : madd_rounds_avx512<false>(rounds);
-    case kvsift::cpu::simd::avx2: return exact ? exact_rounds_avx2(rounds) : fma_rounds_avx2(rounds);
-    default: break;
+  const auto level = kvsift::cpu::active_simd();
+  if (level >= kvsift::cpu::simd::avx512) {
+    return exact ? madd_rounds_avx512<true>(rounds) : madd_rounds_avx512<false>(rounds);
   }
+  if (level == kvsift::cpu::simd::avx2) return exact ? exact_rounds_avx2(rounds) : fma_rounds_avx2(rounds);
 #endif
   return fma_rounds_portable(rounds);
 }
