@@ -24,10 +24,7 @@ def main(argv):
     runs = []
     for path in argv[1:]:
         ctx, rows = summarize.load(path)
-        simd = ctx.get("kvsift_simd")
-        aref = [r for r in rows if r["name"].startswith("BM_arithmetic_reference")]
-        lanes = int(aref[0]["raw"].get("lanes", 0)) if aref else 0
-        summarize.ARITHMETIC_REFERENCE_OK = simd not in summarize.PATH_LANES or lanes == summarize.PATH_LANES[simd]
+        summarize.check_arithmetic_reference(ctx, rows)
         runs.append({r["name"]: (r, summarize.within(r)) for r in rows if r.get("family") == "decode"})
     ratio = {}
     if loaded:
