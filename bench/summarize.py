@@ -4,11 +4,13 @@
 
 Usage: /usr/bin/python3 bench/summarize.py bench.json [--quiet quiet.json] > summary.md
   --quiet: bench.json is a loaded run (scripts/bench.sh --loaded); add a table of each decode row's
-           step p99 against its step p50 in quiet.json (the loaded goal: p99 <= 3x the quiet p50)
+           step p99 against its step p50 in quiet.json (the loaded goal: p99 <= 3x the quiet p50),
+           beside the host's own tail at that step length (BM_scheduler_reference)
 Standard library only. Names follow BM_<family>/<component>/<model>/<dtype>/n<n>[/B<budget>]/r<r>.
 """
 
 import json
+import math
 import re
 import sys
 
@@ -106,13 +108,56 @@ def arithmetic_fraction(r):
     return v or 0.0
 
 
-def loaded_table(decode, quiet_rows, key):
+def host_references(rows):
+    """BM_scheduler_reference rows (fixed work in registers, timed step by step), shortest first."""
+    refs = [r for r in rows if r["name"].startswith("BM_scheduler_reference/")]
+    return sorted(refs, key=lambda r: r["raw"].get("step_nominal_ms", 0.0))
+
+
+def host_table(rows, quiet_rows):
+    """The host's own tail: each reference step's p99 against its quiet p50 (or its own p50)."""
+    refs = host_references(rows)
+    if not refs:
+        return {}
+    quiet = {r["name"]: r for r in host_references(quiet_rows or [])}
+    print("## The host's own tail (BM_scheduler_reference: fixed work in registers, no memory)")
+    print()
+    print("| step (nominal) | quiet p50 | p50 | p99 | p99 / quiet p50 | within 3x |")
+    print("|---|---|---|---|---|---|")
+    ratios = {}
+    for r in refs:
+        raw = r["raw"]
+        q = quiet.get(r["name"])
+        qp50 = (q or r)["raw"].get("step_p50_ms")
+        if not qp50:
+            continue
+        ratio = raw["step_p99_ms"] / qp50
+        ratios[qp50] = ratio
+        print(f"| {fmt_time(raw['step_nominal_ms'] / 1e3)} | {fmt_time(qp50 / 1e3)} | "
+              f"{fmt_time(raw['step_p50_ms'] / 1e3)} | {fmt_time(raw['step_p99_ms'] / 1e3)} | "
+              f"{ratio:.2f} | {'yes' if ratio <= LOADED_GOAL else 'no'} |")
+    print()
+    print(f"{sum(x <= LOADED_GOAL for x in ratios.values())} of {len(ratios)} reference steps within "
+          f"3x{' of their quiet p50' if quiet else ' of their own p50'}: where they are not, the host "
+          "interrupts a step of that length for longer than twice the step whatever the step computes.")
+    print()
+    return ratios
+
+
+def nearest_host_ratio(host, p50):
+    """The host reference's p99 / quiet p50 at the step length nearest `p50` (ms, by ratio)."""
+    if not host or not p50:
+        return None
+    return host[min(host, key=lambda q: abs(math.log(q / p50)))]
+
+
+def loaded_table(decode, quiet_rows, key, host):
     quiet = {key(r): r for r in quiet_rows if r.get("family") == "decode"}
     print("## Decode step on a busy host against the quiet run")
     print()
     print("| method | model | dtype | n | budget | requests | quiet p50 | loaded p50 | loaded p99 | "
-          "p99 / quiet p50 | within 3x |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "p99 / quiet p50 | within 3x | host reference at this length |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for r in decode:
         q = quiet.get(key(r))
@@ -122,9 +167,11 @@ def loaded_table(decode, quiet_rows, key):
             continue
         ratio = p99 / qp50
         ratios.append(ratio)
+        h = nearest_host_ratio(host, qp50)
         print(f"| {r['component']} | {r['model']} | {r['dtype']} | {fmt_n(r['n'])} | "
               f"{budget_cell(r)} | {r['r']} | {fmt_time(qp50 / 1e3)} | {fmt_time(p50 / 1e3)} | "
-              f"{fmt_time(p99 / 1e3)} | {ratio:.2f} | {'yes' if ratio <= LOADED_GOAL else 'no'} |")
+              f"{fmt_time(p99 / 1e3)} | {ratio:.2f} | {'yes' if ratio <= LOADED_GOAL else 'no'} | "
+              f"{f'{h:.2f}' if h is not None else '-'} |")
     print()
     if ratios:
         print(f"{len(ratios)} rows; {sum(x <= LOADED_GOAL for x in ratios)} within 3x; worst "
@@ -141,6 +188,7 @@ def main(argv):
         sys.stderr.write(__doc__)
         return 2
     ctx, rows = load(argv[1])
+    quiet_rows = load(quiet_path)[1] if quiet_path else None
     print("# kvsift CPU benchmarks")
     print()
     threading = ctx.get("kvsift_threading")
@@ -227,7 +275,9 @@ def main(argv):
               f"{against}.")
         print()
         if quiet_path:
-            loaded_table(decode, load(quiet_path)[1], key)
+            loaded_table(decode, quiet_rows, key, host_table(rows, quiet_rows))
+    if host_references(rows) and not (decode and quiet_path):
+        host_table(rows, quiet_rows)
 
     prefill = sorted((r for r in parsed if r["family"] == "prefill"), key=key)
     if prefill:
@@ -259,7 +309,7 @@ def main(argv):
                   f"{(r['bps'] or 0) / 1e9:.2f} | {bw_cell(r['bw'])} | {goal} |")
         print()
     other = [r for r in rows if "family" not in r
-             and not r["name"].startswith(("BM_bandwidth", "BM_arithmetic"))]
+             and not r["name"].startswith(("BM_bandwidth", "BM_arithmetic", "BM_scheduler"))]
     for r in other:
         print(f"- {r['name']}: {fmt_time(r['seconds'])}")
     return 0

@@ -15,7 +15,8 @@
 #                one (bench.json): one busy process per core runs for the second pass (started and
 #                stopped here); both passes run the library's loops on the benchmark's thread
 #                (--kvsift_threading=caller, cpu::scoped_threading); summary.md has each row's
-#                loaded step_p99_ms against its quiet step_p50_ms; each row runs 0.5 s (--min-time)
+#                loaded step_p99_ms against its quiet step_p50_ms, beside the host's own tail at
+#                that step length (BM_scheduler_reference); each row runs 0.5 s (--min-time)
 #                and is compared with the run's bandwidth reference (--kvsift_reference=run), not
 #                with the passes a quiet --quick row interleaves with its steps
 #   --nice N     with --loaded: the busy processes run at nice N (default 0, the benchmark's own
@@ -99,10 +100,11 @@ if [[ ${quick} -eq 1 ]]; then
     '^BM_(score/(key_norm|page_minmax|lag)|attention/attend_plan|decode/(full_kv|streaming_llm|snapkv|quest|lagkv|dynamickv))/llama31_8b/bf16/n4096/(B1024/)?r4/'
     '^BM_(score/key_norm|decode/(full_kv|quest))/llama32_1b/bf16/n32768/(B1024/)?r1/'
   )
-  if [[ ${loaded} -eq 1 ]]; then  # the bandwidth reference and the decode rows only
+  if [[ ${loaded} -eq 1 ]]; then  # the references and the decode rows only
     parts=(
       '^BM_bandwidth_reference'
       '^BM_arithmetic_reference'
+      '^BM_scheduler_reference'  # the host's own tail at each step length, beside the rows
       "^BM_decode/(full_kv|lagkv|streaming_llm|snapkv|pyramidkv|quest|dynamickv)/${m}/n(4096|32768)/(B1024/)?r1/"
       '^BM_decode/h2o/llama31_8b/(f32|bf16)/n1024/B256/r1/'
       '^BM_decode/h2o/llama31_8b/bf16/n2048/B256/r1/'
