@@ -5,7 +5,7 @@
 // cache sized exactly by the prefill copied and faulted in every head-sequence's digests at the
 // first page a decode step completed: a 7-8 ms step among 1.4 ms ones, docs/performance.md
 // "2026-12-02"). And cpu::page_bounds, Quest's page scores of a GQA group: page_bound's bits on
-// every path.
+// every path; cpu::page_digest: std::min / std::max's bits on every path.
 
 #include <kvsift/cpu/simd.hpp>
 #include <kvsift/score/page_minmax.hpp>
@@ -159,4 +159,64 @@ TEST_CASE("page_bounds: page_bound's bits for every head and page, on every vect
       }
     }
   }
+}
+
+namespace {
+
+// page_digest on one vector path against a plain loop: per page and channel, std::min and
+// std::max over the page's rows in row order, bit for bit (a zero's sign is decided by the
+// operands' order), for pages shorter and longer than a vector's rows and head dims with and
+// without a whole vector.
+template <class T>
+void check_digest_paths() {
+  using kvsift::cpu::simd;
+  for (const int d : {8, 12, 64, 128}) {
+    for (const int page : {5, 16, 40}) {
+      const model_shape sh{1, 1, 1, d};
+      kvsift::store::paged<T> s(sh, 1, page, 8);
+      const std::int64_t seq = sh.sequence(0, 0, 0);
+      const int n = 3 * page + 2;  // three full pages and a partial one
+      std::vector<T> k(static_cast<std::size_t>(n) * d), v(k.size(), T(0.5f));
+      for (int t = 0; t < n; ++t) {
+        for (int c = 0; c < d; ++c) {
+          float x = 4.0f * std::sin(0.37f * static_cast<float>(t) + 0.11f * static_cast<float>(c));
+          if ((t + c) % 7 == 0 || c % 5 == 1) x = t % 2 ? -0.0f : 0.0f;  // c % 5 == 1: zeros only
+          k[static_cast<std::size_t>(t) * d + c] = T(x);
+        }
+      }
+      using view = kvsift::kv_view<const T, kvsift::nhd>;
+      s.append(0, 0, view::contiguous(k.data(), n, 1, d), view::contiguous(v.data(), n, 1, d), 0);
+      const int pages = (n + page - 1) / page;
+      const std::size_t size = static_cast<std::size_t>(pages) * d;
+      std::vector<float> want_min(size, std::numeric_limits<float>::infinity());
+      std::vector<float> want_max(size, -std::numeric_limits<float>::infinity());
+      for (int t = 0; t < n; ++t) {
+        const std::size_t at = static_cast<std::size_t>(t / page) * d;
+        for (int c = 0; c < d; ++c) {
+          const float x = kvsift::to_float(s.key(seq, t)[c]);
+          want_min[at + c] = std::min(want_min[at + c], x);
+          want_max[at + c] = std::max(want_max[at + c], x);
+        }
+      }
+      for (const simd level : {simd::portable, simd::avx2, simd::avx512}) {
+        if (level > kvsift::cpu::detected_simd()) continue;
+        const kvsift::cpu::scoped_simd pin(level);
+        std::vector<float> kmin(size, 42.0f), kmax(size, 42.0f);
+        kvsift::cpu::page_digest(s, seq, page, kmin, kmax);
+        for (std::size_t i = 0; i < size; ++i) {
+          INFO("d " << d << " page " << page << " at " << i << " level " << kvsift::cpu::simd_name(level));
+          REQUIRE(std::bit_cast<std::uint32_t>(kmin[i]) == std::bit_cast<std::uint32_t>(want_min[i]));
+          REQUIRE(std::bit_cast<std::uint32_t>(kmax[i]) == std::bit_cast<std::uint32_t>(want_max[i]));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("page_digest: std::min / std::max's bits on every vector path, f32, f16 and bf16 keys") {
+  check_digest_paths<float>();
+  check_digest_paths<kvsift::half>();
+  check_digest_paths<kvsift::bfloat16>();
 }

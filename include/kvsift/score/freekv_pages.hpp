@@ -149,7 +149,7 @@ struct freekv_pages {
       sizes[s] = lay.pages;
     }
     out.resize(sizes);
-    for (int s = 0; s < in.segments(); ++s) refresh_digest(*in.store, in.sequence(s));
+    cache_.refresh(in, p.page_size);
     cpu::parallel_for(in.segments(), [&](std::int64_t s64) {
       const int s = static_cast<int>(s64);
       const int P = sizes[s];
@@ -174,7 +174,7 @@ struct freekv_pages {
       sizes[i] = layout(in.store->length(in.sequence(static_cast<int>(i) / G))).pages;
     }
     out.resize(sizes);
-    for (int s = 0; s < in.segments(); ++s) refresh_digest(*in.store, in.sequence(s));
+    cache_.refresh(in, p.page_size);
     for (int s = 0; s < in.segments(); ++s) {
       const int P = sizes[static_cast<std::size_t>(s) * G];
       group_bounds(in, s, P, std::span<float>(out.values.data() + out.offsets[static_cast<std::size_t>(s) * G],
@@ -184,16 +184,11 @@ struct freekv_pages {
 
   // Drops the cached digest of one head-sequence (its request was reset: a new prompt at the same
   // positions would otherwise look like an append), or of all.
-  void forget(std::int64_t seq) { digests_.erase(seq); }
-  void forget() { digests_.clear(); }
+  void forget(std::int64_t seq) { cache_.digests.erase(seq); }
+  void forget() { cache_.digests.clear(); }
 
  private:
   using digest = cpu::page_digests;
-
-  template <class Store>
-  void refresh_digest(const Store& store, std::int64_t seq) const {
-    digests_[seq].refresh(store, seq, p.page_size);
-  }
 
   // rows [G, P]: segment s's query heads' bounds of its pages; pages past the known tokens
   // (a layout one token ahead) score 0.
@@ -204,7 +199,7 @@ struct freekv_pages {
     const int d = sh.head_dim;
     const int r = s / sh.kv_heads;
     const int h = s % sh.kv_heads;
-    const digest& dg = digests_.at(in.sequence(s));
+    const digest& dg = cache_.digests.at(in.sequence(s));
     const int known = (dg.length + p.page_size - 1) / p.page_size;
     const auto& q = in.queries[r];
     for (int g = 0; g < G; ++g) {
@@ -218,7 +213,7 @@ struct freekv_pages {
     }
   }
 
-  mutable std::unordered_map<std::int64_t, digest> digests_;  // per head-sequence
+  mutable cpu::digest_cache cache_;  // per head-sequence
 };
 static_assert(Scorer<freekv_pages>);
 

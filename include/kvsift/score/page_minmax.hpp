@@ -11,9 +11,33 @@
 #include <cstdint>
 #include <limits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvsift::cpu {
+
+// One key row into a page's running per-channel min and max, through std::min / std::max's
+// comparison (x < m ? x : m), so a NaN channel keeps what it had, as in a plain loop. The key row
+// never aliases the digest, so the loop vectorises; the AVX-512 copy is the same loop compiled
+// for that path (cpu/simd.hpp), chosen once per digest where the CPU has it.
+#define KVSIFT_DIGEST_ROW_BODY                 \
+  for (int c = 0; c < d; ++c) {                \
+    const float x = to_float(k[c]);            \
+    mn[c] = x < mn[c] ? x : mn[c];             \
+    mx[c] = mx[c] < x ? x : mx[c];             \
+  }
+template <class T>
+inline void digest_row(const T* __restrict k, float* __restrict mn, float* __restrict mx, int d) {
+  KVSIFT_DIGEST_ROW_BODY
+}
+#if KVSIFT_HAVE_X86_SIMD_PATH
+template <class T>
+KVSIFT_TARGET_AVX512 void digest_row_avx512(const T* __restrict k, float* __restrict mn,
+                                            float* __restrict mx, int d) {
+  KVSIFT_DIGEST_ROW_BODY
+}
+#endif
+#undef KVSIFT_DIGEST_ROW_BODY
 
 // Per page and channel min and max of a head-sequence's keys: pages of `page_size` slots from
 // slot 0, the last one possibly partial. kmin, kmax: [pages, d].
@@ -24,18 +48,22 @@ void page_digest(const Store& store, std::int64_t seq, int page_size, std::span<
   const int n = store.length(seq);
   const int d = store.shape().head_dim;
   const int pages = (n + page_size - 1) / page_size;
+#if KVSIFT_HAVE_X86_SIMD_PATH
+  const bool wide = active_simd() >= simd::avx512;
+#endif
   for (int pg = first_page; pg < pages; ++pg) {
     float* mn = kmin.data() + static_cast<std::size_t>(pg) * d;
     float* mx = kmax.data() + static_cast<std::size_t>(pg) * d;
     std::fill(mn, mn + d, std::numeric_limits<float>::infinity());
     std::fill(mx, mx + d, -std::numeric_limits<float>::infinity());
     for (int j = pg * page_size; j < std::min(n, (pg + 1) * page_size); ++j) {
-      const auto* k = store.key(seq, j);
-      for (int c = 0; c < d; ++c) {
-        const float x = to_float(k[c]);
-        mn[c] = std::min(mn[c], x);
-        mx[c] = std::max(mx[c], x);
+#if KVSIFT_HAVE_X86_SIMD_PATH
+      if (wide) {
+        digest_row_avx512(store.key(seq, j), mn, mx, d);
+        continue;
       }
+#endif
+      digest_row(store.key(seq, j), mn, mx, d);
     }
   }
 }
@@ -142,14 +170,22 @@ struct page_digests {
   int length = 0;                 // tokens the digest covers
   std::int32_t last_position = -1;
 
+  // The first page refresh() recomputes: while the store only appended, the page of the first
+  // token since the last refresh; else (a compaction, a new prompt) page 0.
+  template <class Store>
+  [[nodiscard]] int first_stale_page(const Store& store, std::int64_t seq, int page_size) const {
+    const int n = store.length(seq);
+    const bool appended_only =
+        length > 0 && length <= n && store.position(seq, length - 1) == last_position;
+    return appended_only ? length / page_size : 0;
+  }
+
   template <class Store>
   void refresh(const Store& store, std::int64_t seq, int page_size) {
     const int n = store.length(seq);
     const int d = store.shape().head_dim;
     const int pages = (n + page_size - 1) / page_size;
-    const bool appended_only =
-        length > 0 && length <= n && store.position(seq, length - 1) == last_position;
-    const int first_page = appended_only ? length / page_size : 0;
+    const int first_page = first_stale_page(store, seq, page_size);
     const std::size_t need = static_cast<std::size_t>(pages) * d;
     if (need > kmin.capacity()) {
       kmin.reserve(2 * need);
@@ -160,6 +196,34 @@ struct page_digests {
     page_digest(store, seq, page_size, kmin, kmax, first_page);
     length = n;
     last_position = n > 0 ? store.position(seq, n - 1) : -1;
+  }
+};
+
+// A page scorer's digest cache (Quest's, FreeKV's): one digest per head-sequence.
+struct digest_cache {
+  std::unordered_map<std::int64_t, page_digests> digests;
+  std::vector<std::pair<page_digests*, std::int64_t>> stale;  // refresh()'s list, kept for its capacity
+
+  // Brings the digests of the input's head-sequences up to the store's current tokens, before
+  // any read of them: the entries are found (or made) serially, then each digest is refreshed
+  // on its own, in parallel (a sequence named twice is refreshed once).
+  template <class Store>
+  void refresh(const score_input<Store>& in, int page_size) {
+    stale.clear();
+    std::int64_t most = 0;  // the most tokens one refresh reads
+    for (int s = 0; s < in.segments(); ++s) {
+      const auto seq = in.sequence(s);
+      page_digests* dg = &digests[seq];  // unordered_map: stays put while later entries are added
+      stale.emplace_back(dg, seq);
+      most = std::max<std::int64_t>(
+          most, in.store->length(seq) - dg->first_stale_page(*in.store, seq, page_size) * page_size);
+    }
+    std::sort(stale.begin(), stale.end());
+    stale.erase(std::unique(stale.begin(), stale.end()), stale.end());
+    parallel_for(static_cast<std::int64_t>(stale.size()), [&](std::int64_t i) {
+      const auto [dg, seq] = stale[static_cast<std::size_t>(i)];
+      dg->refresh(*in.store, seq, page_size);
+    }, par, most * in.store->shape().head_dim);
   }
 };
 
@@ -201,7 +265,7 @@ struct page_minmax {
     const int ps = p.page_size;
     layout_scores(in, out,
                   [&](int s) { return (in.store->length(in.sequence(s)) + ps - 1) / ps; });
-    for (int s = 0; s < in.segments(); ++s) refresh_digest(*in.store, in.sequence(s));
+    cache_.refresh(in, p.page_size);
     const int G = sh.group_size();
     cpu::parallel_for(in.segments(), [&](std::int64_t s) {
       const int pages = out.size(static_cast<int>(s));
@@ -225,7 +289,7 @@ struct page_minmax {
       sizes[i] = (in.store->length(in.sequence(s)) + ps - 1) / ps;
     }
     out.resize(sizes);
-    for (int s = 0; s < in.segments(); ++s) refresh_digest(*in.store, in.sequence(s));
+    cache_.refresh(in, p.page_size);
     cpu::parallel_for(in.segments(), [&](std::int64_t s) {
       const int pages = sizes[static_cast<std::size_t>(s) * G];
       std::span<float> rows(out.values.data() + out.offsets[static_cast<std::size_t>(s) * G],
@@ -240,19 +304,12 @@ struct page_minmax {
   void reset(const Store& store, int request) {
     const model_shape& sh = store.shape();
     for (int l = 0; l < sh.layers; ++l) {
-      for (int h = 0; h < sh.kv_heads; ++h) digests_.erase(sh.sequence(request, l, h));
+      for (int h = 0; h < sh.kv_heads; ++h) cache_.digests.erase(sh.sequence(request, l, h));
     }
   }
 
  private:
   using digest = cpu::page_digests;
-
-  // Brings the cached digest of `seq` up to the store's current tokens (serially, before any
-  // parallel read of the cache).
-  template <class Store>
-  void refresh_digest(const Store& store, std::int64_t seq) {
-    digests_[seq].refresh(store, seq, p.page_size);
-  }
 
   // rows [G, pages]: the bounds of segment s's pages for each query head of its group.
   template <class Store>
@@ -264,8 +321,8 @@ struct page_minmax {
     const int h = s % sh.kv_heads;
     const auto seq = in.sequence(s);
     const int pages = (in.store->length(seq) + p.page_size - 1) / p.page_size;
-    const auto it = digests_.find(seq);  // refreshed serially before the parallel reads
-    if (it == digests_.end()) [[unlikely]] {
+    const auto it = cache_.digests.find(seq);  // refreshed serially before the parallel reads
+    if (it == cache_.digests.end()) [[unlikely]] {
       throw make_error("score::page_minmax", "sequence", seq, "a refreshed page digest");
     }
     const digest& dg = it->second;
@@ -279,7 +336,7 @@ struct page_minmax {
                      static_cast<std::size_t>(pages));
   }
 
-  std::unordered_map<std::int64_t, digest> digests_;  // per head-sequence
+  cpu::digest_cache cache_;  // per head-sequence
 };
 static_assert(Scorer<page_minmax>);
 
