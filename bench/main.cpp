@@ -295,8 +295,9 @@ float spin(std::int64_t units, float x) {
   return x;
 }
 // Each row's work is fixed, the same in the quiet and the loaded process (a rate calibrated in each
-// would differ with the host's moment): ~1 us per 600 units at 4 cycles a unit and 2.4 GHz, the
-// row's nominal length; the tables show its measured quiet median.
+// would differ with the host's moment): 600 units per nominal microsecond, the row's label; a unit
+// (a multiply, an add and DoNotOptimize's trip through memory) takes longer than that, ~1.65x on
+// the Emerald Rapids kind, so the tables show each row's measured quiet median beside it.
 constexpr double kUnitsPerMicrosecond = 600.0;
 }  // namespace
 

@@ -13,10 +13,12 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -25,9 +27,9 @@ using kvsift::model_shape;
 
 constexpr int kPage = 16;
 
-// Appends `tokens` tokens at positions first.. to request 0, layer 0: keys vary with position,
+// Appends `tokens` tokens at positions first.. to `request`, layer 0: keys vary with position,
 // head and channel.
-void append(kvsift::store::paged<float>& s, int first, int tokens) {
+void append(kvsift::store::paged<float>& s, int first, int tokens, int request = 0) {
   const auto& sh = s.shape();
   std::vector<float> k(static_cast<std::size_t>(tokens) * sh.kv_heads * sh.head_dim);
   for (int t = 0; t < tokens; ++t) {
@@ -40,7 +42,7 @@ void append(kvsift::store::paged<float>& s, int first, int tokens) {
   }
   const std::vector<float> v(k.size(), 0.5f);
   using view = kvsift::kv_view<const float, kvsift::nhd>;
-  s.append(0, 0, view::contiguous(k.data(), tokens, sh.kv_heads, sh.head_dim),
+  s.append(request, 0, view::contiguous(k.data(), tokens, sh.kv_heads, sh.head_dim),
            view::contiguous(v.data(), tokens, sh.kv_heads, sh.head_dim), first);
 }
 
@@ -170,7 +172,7 @@ namespace {
 template <class T>
 void check_digest_paths() {
   using kvsift::cpu::simd;
-  for (const int d : {8, 12, 64, 128}) {
+  for (const int d : {8, 12, 24, 64, 72, 128, 136}) {  // whole vectors, tails, both
     for (const int page : {5, 16, 40}) {
       const model_shape sh{1, 1, 1, d};
       kvsift::store::paged<T> s(sh, 1, page, 8);
@@ -219,4 +221,51 @@ TEST_CASE("page_digest: std::min / std::max's bits on every vector path, f32, f1
   check_digest_paths<float>();
   check_digest_paths<kvsift::half>();
   check_digest_paths<kvsift::bfloat16>();
+}
+
+namespace {
+
+// An engine's executor that runs a loop's odd items on a thread of its own and the even ones on
+// the caller's: counts the loops handed to it.
+class split_executor final : public kvsift::cpu::executor {
+ public:
+  void bulk(std::int64_t n, void (*body)(void*, std::int64_t), void* ctx) override {
+    ++loops;
+    std::thread odd([&] {
+      for (std::int64_t i = 1; i < n; i += 2) body(ctx, i);
+    });
+    for (std::int64_t i = 0; i < n; i += 2) body(ctx, i);
+    odd.join();
+  }
+  std::atomic<int> loops{0};
+};
+
+}  // namespace
+
+TEST_CASE("digest_cache: a prompt's digests on the engine's executor, a decode step's on the caller") {
+  const model_shape sh{1, 4, 2, 128};
+  kvsift::store::paged<float> s(sh, 2, kPage, 4 * 80);  // 80 pages per head-sequence
+  const int prompt = 1100;  // 2 x 2 head-sequences x 1100 tokens x 128 channels: a parallel loop
+  append(s, 0, prompt, 0);
+  append(s, 0, prompt, 1);
+  const std::vector<int> requests{0, 1, 0};  // request 0 twice: its digests refreshed once
+  kvsift::score_input<kvsift::store::paged<float>> in{&s, 0, kvsift::lifecycle_event::prefill_end,
+                                                      requests, {}, {}, {}};
+  kvsift::cpu::digest_cache cache;
+  split_executor exec;
+  const kvsift::cpu::scoped_threading on_exec(exec);
+  cache.refresh(in, kPage);
+  REQUIRE(exec.loops == 1);
+  REQUIRE(cache.digests.size() == 4);
+  for (int r = 0; r < 2; ++r) {
+    for (int h = 0; h < 2; ++h) require_fresh(cache.digests.at(sh.sequence(r, 0, h)), s, sh.sequence(r, 0, h));
+  }
+  // a decode step: one token per request, one page each to refresh, on the calling thread
+  append(s, prompt, 1, 0);
+  append(s, prompt, 1, 1);
+  cache.refresh(in, kPage);
+  REQUIRE(exec.loops == 1);
+  for (int r = 0; r < 2; ++r) {
+    for (int h = 0; h < 2; ++h) require_fresh(cache.digests.at(sh.sequence(r, 0, h)), s, sh.sequence(r, 0, h));
+  }
 }

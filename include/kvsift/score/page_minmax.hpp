@@ -206,7 +206,9 @@ struct digest_cache {
 
   // Brings the digests of the input's head-sequences up to the store's current tokens, before
   // any read of them: the entries are found (or made) serially, then each digest is refreshed
-  // on its own, in parallel (a sequence named twice is refreshed once).
+  // on its own, in parallel where there is a prompt's worth of work (a decode step's one-page
+  // refreshes stay on the calling thread, off the engine's executor too); a sequence named twice
+  // is refreshed once.
   template <class Store>
   void refresh(const score_input<Store>& in, int page_size) {
     stale.clear();
@@ -218,12 +220,21 @@ struct digest_cache {
       most = std::max<std::int64_t>(
           most, in.store->length(seq) - dg->first_stale_page(*in.store, seq, page_size) * page_size);
     }
-    std::sort(stale.begin(), stale.end());
-    stale.erase(std::unique(stale.begin(), stale.end()), stale.end());
-    parallel_for(static_cast<std::int64_t>(stale.size()), [&](std::int64_t i) {
+    const auto by_sequence = [](const auto& a, const auto& b) { return a.second < b.second; };
+    const auto same_sequence = [](const auto& a, const auto& b) { return a.second == b.second; };
+    std::sort(stale.begin(), stale.end(), by_sequence);
+    stale.erase(std::unique(stale.begin(), stale.end(), same_sequence), stale.end());
+    const auto n = static_cast<std::int64_t>(stale.size());
+    const std::int64_t work = most * in.store->shape().head_dim;  // per head-sequence, at most
+    const auto one = [&](std::int64_t i) {
       const auto [dg, seq] = stale[static_cast<std::size_t>(i)];
       dg->refresh(*in.store, seq, page_size);
-    }, par, most * in.store->shape().head_dim);
+    };
+    if (n * work < parallel_threshold) {
+      for (std::int64_t i = 0; i < n; ++i) one(i);
+    } else {
+      parallel_for(n, one, par, work);
+    }
   }
 };
 
@@ -321,7 +332,7 @@ struct page_minmax {
     const int h = s % sh.kv_heads;
     const auto seq = in.sequence(s);
     const int pages = (in.store->length(seq) + p.page_size - 1) / p.page_size;
-    const auto it = cache_.digests.find(seq);  // refreshed serially before the parallel reads
+    const auto it = cache_.digests.find(seq);  // refreshed before the parallel reads
     if (it == cache_.digests.end()) [[unlikely]] {
       throw make_error("score::page_minmax", "sequence", seq, "a refreshed page digest");
     }
