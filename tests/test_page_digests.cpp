@@ -226,11 +226,12 @@ TEST_CASE("page_digest: std::min / std::max's bits on every vector path, f32, f1
 namespace {
 
 // An engine's executor that runs a loop's odd items on a thread of its own and the even ones on
-// the caller's: counts the loops handed to it.
+// the caller's: counts the loops and the items handed to it.
 class split_executor final : public kvsift::cpu::executor {
  public:
   void bulk(std::int64_t n, void (*body)(void*, std::int64_t), void* ctx) override {
     ++loops;
+    items += n;
     std::thread odd([&] {
       for (std::int64_t i = 1; i < n; i += 2) body(ctx, i);
     });
@@ -238,6 +239,7 @@ class split_executor final : public kvsift::cpu::executor {
     odd.join();
   }
   std::atomic<int> loops{0};
+  std::atomic<std::int64_t> items{0};
 };
 
 }  // namespace
@@ -256,6 +258,7 @@ TEST_CASE("digest_cache: a prompt's digests on the engine's executor, a decode s
   const kvsift::cpu::scoped_threading on_exec(exec);
   cache.refresh(in, kPage);
   REQUIRE(exec.loops == 1);
+  REQUIRE(exec.items == 4);  // 6 segments, 4 head-sequences: each refreshed once
   REQUIRE(cache.digests.size() == 4);
   for (int r = 0; r < 2; ++r) {
     for (int h = 0; h < 2; ++h) require_fresh(cache.digests.at(sh.sequence(r, 0, h)), s, sh.sequence(r, 0, h));
