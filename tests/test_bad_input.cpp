@@ -503,15 +503,29 @@ TEST_CASE("store::tiered.install: positions the landing does not hold", "[bad_in
 }
 
 TEST_CASE("transfer::async.submit: ids not in the host pool, nothing queued", "[bad_input][tiered]") {
+  // submit() reads a const store: what a rejection must leave unchanged is the transfer (nothing
+  // queued, nothing counted), and a valid recall after it must still land exactly its rows
   auto t = tiered_with_demoted();
   kvsift::transfer::async<float> x;
-  REQUIRE_REJECTS(t, x.submit(t, {{0, {2, 40}}}), "what[0].positions[1]");
+  const auto rejects = [&](auto&& f, const std::string& arg) {
+    REQUIRE_THROWS_WITH(f(), ContainsSubstring("argument '" + arg));
+    REQUIRE(x.outstanding() == 0);
+    REQUIRE(x.stats().recalls_issued == 0);
+    REQUIRE(x.stats().bytes_moved == 0);
+  };
+  rejects([&] { return x.submit(t, {{0, {2, 40}}}); }, "what[0].positions[1]");
   REQUIRE_THROWS_WITH(x.submit(t, {{0, {2, 40}}}),
                       ContainsSubstring("= 40") && ContainsSubstring("host pool of head-sequence 0"));
-  REQUIRE_REJECTS(t, x.submit(t, {{0, {3, 2}}}), "what[0].positions[1]");
-  REQUIRE_REJECTS(t, x.submit(t, {{77, {0}}}), "what[0].seq");
-  REQUIRE(x.outstanding() == 0);
-  REQUIRE(x.stats().recalls_issued == 0);
+  rejects([&] { return x.submit(t, {{0, {3, 2}}}); }, "what[0].positions[1]");
+  rejects([&] { return x.submit(t, {{77, {0}}}); }, "what[0].seq");
+  // a partly valid request (its first head-sequence fine) queues nothing either
+  rejects([&] { return x.submit(t, {{0, {2}}, {0, {1, 1}}}); }, "what[1].positions[1]");
+  const auto ticket = x.submit(t, {{0, {2}}});
+  const auto& landed = x.wait(ticket);
+  REQUIRE(landed.bytes() == 2 * t.shape().head_dim * static_cast<std::int64_t>(sizeof(float)));
+  REQUIRE(std::memcmp(landed.key(0, 0), t.host_key(0, 2), t.shape().head_dim * sizeof(float)) == 0);
+  x.release(ticket);
+  REQUIRE(x.stats().recalls_issued == 1);
 }
 
 TEST_CASE("store::tiered: page size and capacity out of range", "[bad_input][tiered]") {

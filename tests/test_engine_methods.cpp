@@ -203,7 +203,10 @@ TEST_CASE("engine methods: a custom composition plugs in through method_cache",
     const auto r = ex::run_item(model, item, cache);
     CHECK(r.output.size() == item.answer.size());
     CHECK(cache.kept_tokens(0, 0) == n / 4 + n_new - 1);  // trigger::never: decode appends
-    CHECK(ex::llama_model::argmax(logits) >= 0);
+    // the prompt's logits come from the engine's own attention over the whole prompt, before
+    // the composition compresses anything: a full cache's, bit for bit
+    ex::full_cache full;
+    CHECK(logits == model.prefill(ids, full, n_new));
   }
   CHECK(starts == 4);
 }
@@ -377,8 +380,10 @@ TEST_CASE("engine methods: a registry entry over another store plugs into the en
   const auto a = ex::run_item(model, item, paged);
   const auto b = ex::run_item(model, item, dense);
   CHECK(roles_seen == "roles.json");  // --roles reaches the factory
-  CHECK_FALSE(paged.method().contiguous_rows());
-  CHECK(dense.method().contiguous_rows());
+  CHECK(paged.engine_kernel_steps() == 0);  // a paged store's rows are never one array
+  for (int l = 0; l < model.config().num_layers; ++l) {
+    CHECK_FALSE(paged.method().contiguous_rows(paged.method().shape().sequence(0, l, 0)));
+  }
   CHECK(a.output == b.output);
   CHECK(paged.budget_tokens() == dense.budget_tokens());
   const auto& cfg = model.config();
@@ -397,6 +402,53 @@ TEST_CASE("engine methods: a registry entry over another store plugs into the en
                                                      .roles_file = {}, .match_resident = false,
                                                      .registry = &reg}),
                   kvsift::error);  // not in that registry
+}
+
+// Issue 69.1: the engine's kernel indexes a head-sequence's rows by the plan's slots, which holds
+// only while its rows are in slot order. A one-token eviction (StreamingLLM, H2O) leaves a hole
+// and a prompt round that keeps most tokens (SnapKV at 90%) fills holes out of order: the cache
+// asks contiguous_rows(seq) each step and attends those steps with attend(). The two kernels then
+// give the same logits (they were up to 0.58 apart: rows read for slots that moved).
+TEST_CASE("engine methods: the engine kernel reads the rows the plan names, holes and all",
+          "[engine][methods]") {
+  const auto& model = shipped_model();
+  const auto& item = shipped_prompts().back();
+  const auto ids = ex::byte_tokenize(item.prompt);
+  const int n_new = 24;
+  struct run {
+    std::string method;
+    double fraction;
+  };
+  for (const auto& r : {run{"snapkv", 0.9}, run{"streaming_llm", 0.25}, run{"h2o", 0.25},
+                        run{"full_kv", 0.25}}) {
+    CAPTURE(r.method, r.fraction);
+    ex::kvsift_cache library(r.method, r.fraction);
+    ex::kvsift_cache engine(r.method, r.fraction);
+    engine.set_attention_kernel(ex::attention_kernel::engine);
+    std::vector<std::vector<float>> want, got;
+    const auto a = model.generate_greedy(ids, n_new, library, nullptr, &want);
+    const auto b = model.generate_greedy(ids, n_new, engine, nullptr, &got);
+    REQUIRE(got.size() == want.size());
+    float max_rel = 0.0f;
+    for (std::size_t s = 0; s < got.size(); ++s) {
+      for (std::size_t i = 0; i < got[s].size(); ++i) {
+        max_rel = std::max(max_rel, std::abs(got[s][i] - want[s][i]) /
+                                        std::max(1.0f, std::abs(want[s][i])));
+      }
+    }
+    CAPTURE(max_rel, engine.engine_kernel_steps());
+    CHECK(max_rel <= 1e-5f);
+    CHECK(a == b);
+    CHECK(library.engine_kernel_steps() == 0);
+    // the engine kernel ran where the rows were in order: full KV's always; StreamingLLM's until
+    // its first eviction left a hole among the rows (then attend())
+    const std::int64_t steps = static_cast<std::int64_t>(n_new - 1) * model.config().num_layers;
+    if (r.method == "full_kv") CHECK(engine.engine_kernel_steps() == steps);
+    if (r.method == "streaming_llm") {
+      CHECK(engine.engine_kernel_steps() > 0);
+      CHECK(engine.engine_kernel_steps() < steps);
+    }
+  }
 }
 
 TEST_CASE("engine methods: the default registry holds the named methods", "[engine][methods]") {

@@ -134,6 +134,7 @@ class kvsift_cache : public kv_cache {
     plan_ = nullptr;
     attended_tokens_ = 0;
     full_tokens_ = 0;
+    engine_kernel_steps_ = 0;
     prompt_resident_bytes_ = 0;
   }
 
@@ -164,12 +165,17 @@ class kvsift_cache : public kv_cache {
     plan_ = &method_->decode(layer, toks);
     attended_tokens_ += static_cast<std::int64_t>(plan_->slots.values.size());
     full_tokens_ += static_cast<std::int64_t>(position + 1) * shape_.num_kv_heads;
-    if (kernel_ == attention_kernel::library || !method_->contiguous_rows()) {
+    const auto ms = method_->shape();
+    bool contiguous = kernel_ == attention_kernel::engine;
+    for (int h = 0; contiguous && h < shape_.num_kv_heads; ++h) {
+      contiguous = method_->contiguous_rows(ms.sequence(0, layer, h));  // this step's rows
+    }
+    if (!contiguous) {
       method_->attend(layer, toks, out.data());
       return;
     }
+    ++engine_kernel_steps_;
     const int d = shape_.head_dim;
-    const auto ms = method_->shape();
     views_.resize(static_cast<std::size_t>(shape_.num_kv_heads));
     for (int h = 0; h < shape_.num_kv_heads; ++h) {
       const auto seq = ms.sequence(0, layer, h);
@@ -186,9 +192,12 @@ class kvsift_cache : public kv_cache {
   }
 
   // The decode attention kernel (library by default); applies from the next decode(). The engine
-  // kernel needs contiguous rows (a dense store); other stores use the library's attend().
+  // kernel indexes rows by slots, so it runs on the steps whose head-sequences have their rows in
+  // slot order (a dense store before a round reorders them); other steps use attend().
   void set_attention_kernel(attention_kernel k) { kernel_ = k; }
   [[nodiscard]] attention_kernel kernel() const { return kernel_; }
+  // Decode steps (of every layer) the engine kernel attended since the sequence started.
+  [[nodiscard]] std::int64_t engine_kernel_steps() const { return engine_kernel_steps_; }
 
   [[nodiscard]] std::int64_t kept_tokens(int layer, int kv_head) const override {
     return method_ ? method_->length(method_->shape().sequence(0, layer, kv_head)) : 0;
@@ -228,6 +237,7 @@ class kvsift_cache : public kv_cache {
   const attention_plan* plan_ = nullptr;
   std::int64_t attended_tokens_ = 0;
   std::int64_t full_tokens_ = 0;
+  std::int64_t engine_kernel_steps_ = 0;
   std::int64_t prompt_resident_bytes_ = 0;
 };
 

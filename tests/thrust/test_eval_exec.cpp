@@ -203,7 +203,7 @@ TEMPLATE_LIST_TEST_CASE("eval --exec: the device registry builds every built-in 
     const auto m = device.make(name, c);
     REQUIRE(m != nullptr);
     CHECK(m->name() == name);
-    CHECK_FALSE(m->contiguous_rows());  // device memory: read through attend()
+    CHECK_FALSE(m->contiguous_rows(0));  // device memory: read through attend()
   }
   REQUIRE_THROWS_WITH(device.make("mine", c),
                       Catch::Matchers::ContainsSubstring("'name' = mine") &&

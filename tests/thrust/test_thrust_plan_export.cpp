@@ -227,6 +227,60 @@ TEMPLATE_TEST_CASE("thrust::flashinfer_tokens / flashinfer_pages equal the host 
   }
 }
 
+// Issue 69.7: a one-token eviction leaves its row as a hole the next append fills; the page
+// lists then carry extents (rows in use: the tokens and the hole), which the host export accepts.
+// The Thrust export dropped them and refused every such entry whose hole opened a page.
+TEST_CASE("thrust FlashInfer export of page lists with a waiting hole", "[thrust][flashinfer]") {
+  const kvsift::model_shape sh{.layers = 1, .q_heads = 2, .kv_heads = 2, .head_dim = 4};
+  const int ps = 4;
+  kvsift::store::paged<float> store(sh, 2, ps, 16);
+  std::vector<float> k(static_cast<std::size_t>(9) * sh.kv_heads * sh.head_dim);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(i);
+  using view = kvsift::kv_view<const float, kvsift::nhd>;
+  for (int r = 0; r < 2; ++r) {
+    const int n = r == 0 ? 8 : 9;
+    store.append(r, 0, view::contiguous(k.data(), n, sh.kv_heads, sh.head_dim),
+                 view::contiguous(k.data(), n, sh.kv_heads, sh.head_dim), 0);
+  }
+  // request 0 head 0 releases its newest token (8 -> 7 of 2 pages, a hole in order), request 1
+  // head 1 its slot 2 (9 -> 8, its third page kept for the hole: 8 tokens in 3 pages)
+  kvsift::index_sets keep0, keep1;
+  keep0.push_back(std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6});
+  keep0.push_back(std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  keep1.push_back(std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+  keep1.push_back(std::vector<std::int32_t>{0, 1, 3, 4, 5, 6, 7, 8});
+  store.retain(0, 0, keep0);
+  store.retain(1, 0, keep1);
+  REQUIRE(store.row_extent(sh.sequence(1, 0, 1)) == 9);
+  const std::vector<int> batch{1, 0};
+  const auto hp = kvsift::page_lists(store, 0, batch);
+  REQUIRE_FALSE(hp.extents.empty());
+  kvsift::index_sets slots;
+  for (const int r : batch) {
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      std::vector<std::int32_t> all(static_cast<std::size_t>(store.length(r, 0, h)));
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int32_t>(i);
+      slots.push_back(all);
+    }
+  }
+  const auto want = kvsift::flashinfer_tokens(hp, slots);
+  const auto dhp = kvsift::thrust::to_device<dvec>(hp);
+  const auto dslots = kvsift::thrust::to_device<dvec>(slots);
+  for_each_policy([&](const auto& exec, const std::string& name) {
+    CAPTURE(name);
+    for (const bool check : {true, false}) {
+      require_same(kvsift::thrust::to_host(kvsift::thrust::flashinfer_tokens(exec, dhp, dslots, check)),
+                   want);
+    }
+  });
+  // an extent that is neither the length nor one more is still refused, as on the host
+  auto bad = hp;
+  bad.extents[0] = bad.lengths[0] + 2;
+  REQUIRE_THROWS_AS(kvsift::flashinfer_tokens(bad, slots), kvsift::error);
+  const auto dbad = kvsift::thrust::to_device<dvec>(bad);
+  REQUIRE_THROWS_AS(kvsift::thrust::flashinfer_tokens(::thrust::device, dbad, dslots), kvsift::error);
+}
+
 TEST_CASE("thrust FlashInfer export of an empty batch and of empty entries", "[thrust][flashinfer]") {
   ragged_paged<float> b(2, 4, 3, 10, 9);
   const std::vector<int> none;

@@ -94,6 +94,17 @@ void require(bool ok, std::string_view where, Arg&& arg, const V& value, Expecte
   }
 }
 
+// Original positions are int32: `tokens` tokens from `first_position` on (the next one at
+// first_position + tokens) must fit, or the append is an error, never a wrapped position.
+inline void require_positions_fit(std::string_view where, std::string_view arg,
+                                  std::int32_t first_position, std::int64_t tokens) {
+  require(tokens >= 0 && first_position <= std::numeric_limits<std::int32_t>::max() - tokens, where,
+          arg, first_position, [&] {
+            return "<= INT32_MAX - " + std::to_string(tokens) +
+                   " (int32 positions: the token after these must have a position too)";
+          });
+}
+
 // The product of `factors` when every one is >= 0 and the product is <= `limit`; std::nullopt
 // otherwise. Each multiplication is checked before it is done, so nothing wraps: for the sizes a
 // constructor allocates from a shape, where a wrapped product would build a store too small for

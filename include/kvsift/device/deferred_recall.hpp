@@ -15,37 +15,13 @@
 //   m.attend(layer, tokens, out);            // queries and out in E's memory
 //   m.after_attention(layer, tokens);
 //
-// Semantics are the host state's (METHODS.md "SyncKV"): the same plans (as positions), the same
-// anticipation steps, the same resident tokens. Shapes on the host, contents on the device:
-//   prefill   every chunk is appended to both tiers. At the prompt's end the R-heads with
-//             followers (one segment per such cluster) are gathered in plan order, scored with the
-//             prompt's last query (thrust::query_attention_scores: score::last_query_attention's
-//             bits), split by thrust::static_dynamic_split under budget::synckv's k (host
-//             arithmetic: k, k_static = floor(rho k), k_dynamic), and each follower's working set
-//             becomes static ∪ dynamic (tiered_store::install of resident positions: nothing is
-//             copied). The static sets stay on the device (positions and a mask by plan index).
-//   decode t  installs the pending recall of each request of the step (below), appends the token
-//             (tiered_store::append) and packs the plan (tiered_store::plan_sorted per request:
-//             every resident token, ascending by position).
-//   after t   trigger::stride (host arithmetic on the step count) fires at steps m, 2m, ...: the
-//             R-heads are gathered and scored with q_t; the prompt tokens outside each static set
-//             are ranked by one stable sort of FIXED size (clusters with followers x
-//             tier_capacity keys: the sort's scratch is the same every anticipation, so after the
-//             warm-up at construction it comes from the arena's cache), the top k_dyn taken by
-//             rank, compacted per segment, merged with the static set, and each follower's next
-//             working set (static ∪ dynamic ∪ its decode tokens) is RECORDED in E memory.
-//   recall    the host's transfer::async decides after step t and installs at step t+1; here the
-//             copy queue is lazy: the positions recorded after step t are installed at the start
-//             of the request's next decode on the layer (tiered_store::install copies the missing
-//             rows from the pool). An install that does not happen leaves the old rows: stale,
-//             deterministically (debug_skip_installs() shows it in tests).
-// Capture laws: every buffer is allocated at construction from the store's capacities; a decode
-// step (decode + attend + after_attention), anticipating or not, uploads descriptors (counted
-// host-to-device writes) and reads nothing back.
-//
-// Not mirrored: the synckv interface's static_set()/dynamic_set() (device data: read it through
-// the state's static_positions()), recall_in_flight() (a lazy copy is never in flight), stalls (0),
-// rows_recalled (the store's stats().bytes_to_device counts the copied rows instead).
+// Contract: the host state's semantics (METHODS.md "SyncKV"): the same plans (as positions), the
+// same anticipation steps, the same resident tokens. Shapes are computed on the host, contents
+// stay on the device; the recall is a lazy copy queue (what is decided after step t is installed
+// at the request's next decode on the layer). Every buffer is allocated at construction; a decode
+// step (decode + attend + after_attention) uploads descriptors and reads nothing back.
+// The steps, capacities and what is not mirrored: docs/architecture.md, "Design notes from the
+// headers".
 
 #include <kvsift/budget/synckv.hpp>
 #include <kvsift/concepts.hpp>

@@ -15,56 +15,14 @@
 //   m.attend(layer, tokens, out);            // queries and out in E's memory
 //   m.after_attention(layer, tokens);
 //
-// Semantics are the host state's (METHODS.md "HeteroCache"): the same plans (as positions), the
-// same drift checks and drift events, the same references, the same resident tokens. Shapes on
-// the host, contents on the device:
-//   prefill   every chunk is appended to both tiers. At the prompt's end every KV head is scored
-//             with the prompt's last query (thrust::query_attention_scores: score::
-//             last_query_attention's bits; kernel 5 avg, GQA max); the budgets (base, cap_h) are
-//             host arithmetic (roles::stars::budget). One ranking (a stable sort of [H, cap]
-//             keys) gives every head its kept plan indices: volatile and pivot heads all n,
-//             anchors and satellites their top min(n, cap_h) (select::topk's order: ties to the
-//             lower index), retained by tiered_store::retain; each pivot's reference is its own
-//             top `base` (positions, E memory).
-//   decode t  installs the pending recall of each request of the step (below), keeps q_t's query
-//             groups of the monitored pivots (pivots with satellites) in a ring of the newest W,
-//             appends the token (tiered_store::append) and packs the plan (every resident token,
-//             ascending by position).
-//   after t   trigger::drift_median (host arithmetic on the step count) fires at steps W, 2W, ...
-//             on layers with a monitored pivot: their n prompt rows are gathered in plan order
-//             and scored with the W window queries (the drift probe's scores: softmax over the
-//             prompt only), each (pivot, query) row ranked by one stable sort of FIXED size
-//             (monitored pivots x W x tier_capacity keys: the same scratch every check, from the
-//             arena's cache once warmed at construction), and the probe (thrust::drift_medians)
-//             decides per pivot on the device. Both outcomes have the same shapes (a satellite
-//             holds min(n, cap_s) prompt tokens either way), so nothing is read back: each
-//             satellite's next prompt part is RECORDED in E memory as its pivot's top min(n,
-//             cap_s) by q_t's scores where the pivot drifted, else its current part (then the
-//             install copies nothing); the pivot's next reference likewise (q_t's top set or the
-//             old one). Drift events and recalled rows are counted on the device.
-//   recall    the host's transfer::async decides after step t and installs at step t+1; here the
-//             copy queue is lazy: what was recorded after step t is installed at the start of the
-//             request's next decode on the layer (tiered_store::install copies the missing rows
-//             from the pool; each satellite keeps its decode tokens), and the references are
-//             committed then, as the host commits its decision after the install. An install
-//             that does not happen leaves the old rows: stale, deterministically
-//             (debug_skip_installs() shows it in tests).
-// Capture laws: every buffer is allocated at construction from the store's capacities and the
-// roles; a decode step (decode + attend + after_attention), drift check or not, uploads
-// descriptors (counted host-to-device writes) and reads nothing back.
-//
-// Device data, read back only by the accessors that say so (one counted device-to-host read
-// each: call them outside steps): refreshes() (drift events; also method_stats::refreshes),
-// rows_recalled(), recall_pending() (a recall is RECORDED after every check, drift or not; it is
-// pending, as on the host, when one of its pivots drifted), drift_median(), drifted(),
-// reference(); stats() reads the store's copied rows and the drift events. checks() is host
-// arithmetic. The heterocache interface's prompt_end, base, cap, recall_pending,
-// recall_in_flight (false: a lazy copy is never in flight) and drift_stats work on heterocache_on;
-// the per-head reference / drift_median / drifted are the state's (schedule_state()), by slot.
-// Not mirrored: stalls (0); store stats' installs count every recorded recall's install.
-// Cost: a prefill end O(H n G d) scoring and a sort of H x tier_capacity keys; a drift check
-// O(P W n G d) scoring and a sort of P W x tier_capacity keys (P monitored pivots); an install
-// O(satellites x tier_capacity).
+// Contract: the host state's semantics (METHODS.md "HeteroCache"): the same plans (as
+// positions), drift checks and events, references and resident tokens. Shapes are computed on the
+// host, contents stay on the device; both drift outcomes have the same shapes, so nothing is read
+// back, and what is decided after step t is installed at the request's next decode on the layer.
+// Every buffer is allocated at construction; a decode step uploads descriptors and reads nothing
+// back. Accessors that read device data (refreshes(), rows_recalled(), recall_pending(),
+// drift_median(), drifted(), reference(), stats()) make one counted read each: call them outside
+// a step. The steps, capacities and cost: docs/architecture.md, "Design notes from the headers".
 
 #include <kvsift/budget/inverse_stability.hpp>
 #include <kvsift/concepts.hpp>

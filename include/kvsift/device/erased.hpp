@@ -20,12 +20,8 @@
 //       kvsift::default_method_registry<float>());
 //   auto m = reg.make("snapkv", config);     // an any_kv_method<float> over device memory
 //
-// What it is for: running a whole engine (`kvsift eval --exec thrust-omp`, the example engine's
-// kvsift_cache) on the device path unchanged, to prove that the device path decides what the
-// host path decides on real models. What it is not: the way an engine drives a device. Each
-// call copies its inputs in and each decode() reads the plan back (counted copies on the arena),
-// so a staged step is not capturable; an engine on a GPU hands E memory to M directly
-// (docs/gpu.md, "Methods in sim memory"), which is what the capture-law tests check.
+// For whole-engine parity runs (`kvsift eval --exec thrust-omp`; docs/device.md), not for driving
+// a device: every call stages its inputs and reads the plan back, so a step is not capturable.
 //
 // The working-set accessors follow the store: length() and next_position() are host shadows;
 // position(seq, i) is one counted D2H read (a dense store's slot i; a tiered store's i-th
@@ -212,7 +208,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
     return store_->next_position(request, layer);
   }
   [[nodiscard]] std::int64_t resident_bytes() const override { return store_->resident_bytes(); }
-  [[nodiscard]] bool contiguous_rows() const override { return false; }
+  [[nodiscard]] bool contiguous_rows(std::int64_t) const override { return false; }
 
   [[nodiscard]] M& get() { return *m_; }
   [[nodiscard]] const Store& store() const { return *store_; }

@@ -25,24 +25,10 @@
 // tests/thrust/test_device_methods.cpp checks both with exec::sim's counters, and that every
 // plan and attention output equals the host method's.
 //
-// The parts: the selector is select::topk (thrust::segmented_topk with the same protection; a
-// head exactly one over its budget drops its worst unprotected token with segmented_evict_one,
-// the same set without a sort) or select::partition_topk; the scorer has a Thrust round
-// (thrust::ThrustScorer: recency, window_attention, cumulative_attention, lag_relative); budgeters and triggers are host arithmetic. H2O's
-// running scores are the store's side column 0, which moves with its rows; each decode step adds
-// the step's attention (thrust::attention_over's weights) to it. The queries a scorer reads are
-// buffered in E memory (per (request, layer): the newest `window`, or every prompt query).
-// LagKV's partition_topk runs as one segmented_topk over its scored partitions packed back to
-// back (at decode one per head: the same sort every step), its frozen prefixes a host shadow.
-// DynamicKV's progressive budgeter revises on the host from the round's scores and kept sets,
-// read back once per round (its trigger fires at the prompt's end: no decode step reads back),
-// and its orders are retained on the device. Quest's sparse_read has its own device state
-// (device/sparse_read.hpp); the two-tier schedules have none yet (a static_assert says so).
-//
-// Errors: what the host can see is checked before anything changes, as on the host. Values are
-// device data: a NaN or Inf key or value is found by the store on the device and raised by
-// dense_store::check(); a NaN query is not rejected (the host shell rejects one before anything
-// changes): it scores NaN, which the top-k ranks below every number.
+// Parts: select::topk or select::partition_topk on thrust::segmented_topk; a scorer with a
+// Thrust round (thrust::ThrustScorer); budgeters and triggers are host arithmetic. A NaN query
+// is not rejected on the device (it scores NaN, ranked below every number). How H2O, LagKV and
+// DynamicKV map onto the device: docs/architecture.md, "Design notes from the headers".
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
@@ -175,11 +161,6 @@ class device_query_history {
   }
   // Rows a slot can hold (every prompt query of a request for keep = -1; 2 * keep otherwise).
   [[nodiscard]] int capacity() const { return per_slot_; }
-  // What query_history::contiguous answers.
-  [[nodiscard]] int contiguous(std::size_t slot, int q_rows, std::int32_t first) const {
-    const bool continues = count_[slot] > 0 && first_[slot] + count_[slot] == first;
-    return q_rows + (continues ? count_[slot] : 0);
-  }
   void clear(std::size_t slot) { count_[slot] = 0; }
 
   template <class Space>
@@ -323,10 +304,8 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   void check_chunk(const M& m, std::string_view where, int layer,
                    const prefill_chunk<T, typename E::memory_space>& c, prefill_totals& tot) const {
     if constexpr (Scorer::needs_queries) {
-      detail::evict_check_queries(m, where, layer, c, history_);
+      const int rows = detail::evict_check_queries(m, where, layer, c, history_, tot);
       if (m.parts().scorer.query_window() < 0) {  // every prompt query, in a buffer of capacity rows
-        const int rows = history_.contiguous(m.slot(c.request, layer), c.queries.tokens,
-                                             c.first_position + c.keys.tokens - c.queries.tokens);
         require(rows <= history_.capacity(), where, "queries.tokens", c.queries.tokens,
                 "room in the device query history: " + std::to_string(rows) +
                     " prompt queries buffered, at most the store's capacity (" +
@@ -339,8 +318,8 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   template <class M>
   void check_prefill(const M& m, std::string_view, int layer,
                      std::span<const prefill_chunk<T, typename E::memory_space>> chunks,
-                     const prefill_totals&) const {
-    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks);
+                     const prefill_totals& tot) const {
+    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks, tot);
   }
 
   template <class M>

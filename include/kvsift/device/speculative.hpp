@@ -14,65 +14,14 @@
 //   m.attend(layer, tokens, out);            // queries and out in E's memory
 //   m.after_attention(layer, tokens);        // the speculative selection for step t + 1
 //
-// Semantics are the host state's (METHODS.md "FreeKV"): the same plans (as positions and pages),
-// the same corrections, the same resident tokens; layers [0, dense_layers) keep and read
-// everything. Shapes on the host, contents on the device. The host shadow holds each (request,
-// layer)'s steps and whether a selection is pending and for which layout; every count follows
-// from the pool's length n: P = ceil(n / p) pages, kp = min(P, B/p) selected per KV head, and the
-// working set (kp - 1) p + (n - (P - 1) p) tokens once P > B/p (every selected page is full but
-// the current one), n before. The data decides which pages, never how many.
-//   digests   per head-sequence, Quest's key min/max of every pool page, [sequences, pages, d] in
-//             E memory: a chunk's pages recomputed (thrust::page_digest_tail over the pool), a
-//             decode token folded into its page (thrust::page_digest_append), as the host
-//             scorer's incremental refresh (the same bits).
-//   select    on a layout of N tokens: thrust::freekv_group_scores_strided (score::freekv_pages'
-//             bits), then thrust::segmented_topk with sink and window pages protected and a
-//             padding segment up to the capacity in pages, so every selection sorts the same
-//             count (its scratch comes from the arena's cache after the warm-up at construction);
-//             every page when P <= B/p (no sort).
-//   prefill   every chunk is appended to both tiers. At the prompt's end, when step 1's layout
-//             (n + 1 tokens) is over the budget, the working set becomes the pages the prompt's
-//             last query selects on it (sink and window only when the chunk carries no query):
-//             tiered_store::install of resident positions, nothing copied.
-//   decode t  folds the token's key into its page's digest, selects with q_t on step t's layout
-//             (n tokens, the token's page the current one), and when the pending selection was
-//             made for this layout (every step but the first), runs the trigger on the device
-//             (thrust::query_cosine_decisions against the previous query, kept in E memory): per
-//             KV head thrust::choose_sets takes q_t's selection (a correction) or the speculative
-//             one. No read-back: both have the same shape. The chosen pages' positions but the
-//             token's own are installed (tiered_store::install copies only the rows that arrive:
-//             the speculative heads' recall and the corrected heads' synchronous one), then the
-//             token is appended to both tiers and the plan packed (detail::device_two_tier: every
-//             resident token by position); the plan's pages are the chosen pages.
-//   after t   selects with q_t on step t + 1's layout (n + 1 tokens) and RECORDS the pages in E
-//             memory. The host submits that recall to its transfer in the background; here the
-//             copy queue is lazy: the selection is installed by the request's next decode on the
-//             layer (for the heads that do not correct). debug_skip_installs() leaves the old
-//             rows instead (stale, deterministically), for tests.
-// Capture laws: every buffer is allocated at construction from the store's capacities; a decode
-// step (decode + attend + after_attention), correcting or not, uploads descriptors (counted
-// host-to-device writes) and reads nothing back.
-// Capacities: the device tier holds a whole prompt until its end, then at most B rows per KV head
-// of a sparse layer (the chosen pages are installed before the step's token is appended), every
-// token of a dense layer: tier_capacity >= the longest prompt and >= B (>= prompt + steps with
-// dense layers).
-// Cost per sparse layer, request and step: two selections (q_t's at decode, made whether or not a
-// head corrects, since the decision is device data; the speculative one after the attention),
-// each O(G P d) scoring plus a sort of kv_heads * ceil((host_capacity + 1) / p) keys; the rows of
-// newly chosen pages copied once; O(d) per head for the trigger. E memory beyond the store: the
-// digests (2 sequences * pages * d floats), the previous queries (requests * layers * q_heads * d
-// floats), the recorded selections (requests * layers * kv_heads * B/p pages), the plan.
-//
-// Not mirrored (device data, or no such thing on a lazy copy queue): the host's corrections() and
-// corrections_made() are device data here, read back by the accessors of the same names (one
-// counted device-to-host read each: call them outside a step); stats().refreshes adds the device's
-// count of correcting steps, read back with the store's bytes (stats() reads E memory, as
-// tiered_store::stats); stalls are 0 (an install never waits); bytes_transferred is the rows the
-// store's installs copied (the host also counts rows its background recalls moved for heads that
-// then corrected, so the host's figure is at least this one); transfer() does not exist. A prompt
-// chunk for a request with a selection pending is refused (reset it first), as the host refuses
-// one whose pending recall moves rows. Queries are not checked for NaN/Inf on the device (the
-// store's check() raises NaN/Inf keys and values at the next host call).
+// Contract: the host state's semantics (METHODS.md "FreeKV"): the same plans (as positions and
+// pages), corrections and resident tokens; layers [0, dense_layers) keep and read everything.
+// Shapes are computed on the host, contents stay on the device (the data decides which pages,
+// never how many); q_t's selection and the correction test run on the device every step, so no
+// flag is read back. Every buffer is allocated at construction; a decode step uploads descriptors
+// and reads nothing back. tier_capacity >= the longest prompt and >= B (>= prompt + steps with
+// dense layers). corrections() and corrections_made() make one counted read each.
+// The steps, cost and what is not mirrored: docs/architecture.md, "Design notes from the headers".
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>

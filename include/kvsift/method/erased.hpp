@@ -48,9 +48,12 @@ class any_kv_method {
   [[nodiscard]] virtual const T* value(std::int64_t seq, int slot) const = 0;
   [[nodiscard]] virtual std::int32_t next_position(int request, int layer) const = 0;
   [[nodiscard]] virtual std::int64_t resident_bytes() const = 0;
-  // True when the rows of a head-sequence are contiguous, slot j at key(seq, 0) + j * head_dim
-  // (store::dense): a kernel may then index rows by the plan's slots directly.
-  [[nodiscard]] virtual bool contiguous_rows() const = 0;
+  // True while head-sequence seq's slot j is at key(seq, 0) + j * head_dim for every resident j
+  // (a store::dense whose rows are in slot order): a kernel may then index its rows by the plan's
+  // slots directly. It changes with the method's rounds (a one-token eviction that leaves a hole,
+  // a round that fills holes out of order: store/basic.hpp, "Slots and rows"), so ask per step,
+  // after decode(); otherwise read each slot through key(seq, slot) and value(seq, slot).
+  [[nodiscard]] virtual bool contiguous_rows(std::int64_t seq) const = 0;
 };
 
 // any_kv_method over a Store the caller can reach.
@@ -104,8 +107,12 @@ class erased_method final : public any_method<typename M::store_type> {
     return store_->next_position(request, layer);
   }
   [[nodiscard]] std::int64_t resident_bytes() const override { return store_->resident_bytes(); }
-  [[nodiscard]] bool contiguous_rows() const override {
-    return std::is_same_v<Store, store::dense<T, typename Store::memory_space>>;
+  [[nodiscard]] bool contiguous_rows(std::int64_t seq) const override {
+    if constexpr (std::is_same_v<Store, store::dense<T, typename Store::memory_space>>) {
+      return store_->rows_in_slot_order(seq);
+    } else {
+      return false;
+    }
   }
   [[nodiscard]] Store& store() override { return *store_; }
   [[nodiscard]] const Store& store() const override { return *store_; }

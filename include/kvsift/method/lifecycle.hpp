@@ -184,6 +184,10 @@ struct prefill_totals {
   std::vector<int> added;           // [requests]
   std::vector<std::int32_t> next;   // [requests] position after the request's chunks, -1 if none
   std::vector<char> ended;          // [requests] its `last` chunk was seen
+  // [requests] the newest contiguous queries buffered after the call's chunks so far, as the
+  // query history will hold them (-1 before the request's first chunk), ending at query_end
+  std::vector<int> query_rows;
+  std::vector<std::int32_t> query_end;
   int pool_pages = 0;               // pages a paged pool must find for the call so far
 };
 

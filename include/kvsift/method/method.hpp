@@ -39,6 +39,7 @@
 #include <kvsift/method/schedule/evict.hpp>
 #include <kvsift/method/schedule/sparse_read.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -161,6 +162,8 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     tot.added.assign(static_cast<std::size_t>(store_->requests()), 0);
     tot.next.assign(static_cast<std::size_t>(store_->requests()), -1);
     tot.ended.assign(static_cast<std::size_t>(store_->requests()), 0);
+    tot.query_rows.assign(static_cast<std::size_t>(store_->requests()), -1);
+    tot.query_end.assign(static_cast<std::size_t>(store_->requests()), 0);
     tot.pool_pages = 0;
     for (const auto& c : chunks) {
       check_request(where, c.request);
@@ -171,6 +174,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
       require(c.values.tokens == c.keys.tokens, where, "values.tokens", c.values.tokens,
               "keys.tokens (" + std::to_string(c.keys.tokens) + ")");
       require(c.keys.tokens > 0, where, "keys.tokens", c.keys.tokens, "> 0 (a non-empty chunk)");
+      require_positions_fit(where, "first_position", c.first_position, c.keys.tokens);
       if constexpr (caps.needs_queries) {
         if (c.queries.tokens > 0) c.queries.validate(where, "queries", sh.q_heads, sh.head_dim);
       }
@@ -187,6 +191,17 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
       tot.ended[c.request] = c.last ? 1 : 0;
     }
     sched_.check_prefill(*this, where, layer, chunks, tot);  // budgets of the prompts that end
+    // Checked: from here the store changes. A pending step of a request this call extends ends
+    // (its plan names slots a round may move), and every planned decode_step is stale.
+    if (binding_.bound()) {
+      for (const auto& c : chunks) {
+        if (std::find(plan_.requests.begin(), plan_.requests.end(), c.request) != plan_.requests.end()) {
+          binding_.unbind();
+          break;
+        }
+      }
+    }
+    ++generation_;
     sched_.prefill(*this, layer, chunks);
   }
   void prefill(int layer, const chunk_type& chunk) {
@@ -194,7 +209,9 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   }
 
   // 2. The step's host part: validates the batch (each request at most once, its token's
-  // arrays, room, the schedule's own preconditions) and names the step. Nothing changes.
+  // arrays, room, the schedule's own preconditions) and names the step. Nothing changes. A step
+  // is stamped with the method's generation, which every decode, prefill and reset advances:
+  // run_decode() takes it once, and only while nothing else changed the method since.
   class decode_step {
    public:
     [[nodiscard]] int layer() const { return layer_; }
@@ -202,9 +219,11 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
 
    private:
     friend class method;
-    decode_step(int layer, std::span<const decode_token<element_type>> t) : layer_(layer), tokens_(t) {}
+    decode_step(int layer, std::span<const decode_token<element_type>> t, std::uint64_t generation)
+        : layer_(layer), tokens_(t), generation_(generation) {}
     int layer_;
     std::span<const decode_token<element_type>> tokens_;
+    std::uint64_t generation_;
   };
   [[nodiscard]] decode_step plan_decode(int layer, std::span<const decode_token<element_type>> tokens) {
     static const std::string where = std::string(Recipe_::name) + ".decode";
@@ -223,6 +242,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
                 "[kv_heads, d] arrays");
         require(!caps.needs_queries || t.query != nullptr, where, "query", "null",
                 "a [q_heads, d] array (this method scores queries)");
+        require_positions_fit(where, "next position", store_->next_position(t.request, layer), 1);
         if constexpr (Exec_::host_visible) require_finite(where, i, t, sh, caps.needs_queries);
       }
     } catch (...) {
@@ -231,11 +251,17 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     }
     clear_batch(tokens, tokens.size());
     sched_.check_decode(*this, where, layer, tokens);  // room, prompt ended, budgets after the step
-    return decode_step(layer, tokens);
+    return decode_step(layer, tokens, generation_);
   }
   // 2. The step's store part: installs what the schedule recalled, appends each request's token
   // and returns the step's plan.
   const plan_type& run_decode(const decode_step& step) {
+    static const std::string where = std::string(Recipe_::name) + ".run_decode";
+    require(step.generation_ == generation_, where, "step", "a stale decode_step", [] {
+      return std::string("the step of the last plan_decode(), not yet run, with no decode, prefill "
+                         "or reset since (plan again)");
+    });
+    ++generation_;
     binding_.unbind();
     plan_.requests.clear();
     for (const auto& t : step.tokens()) plan_.requests.push_back(t.request);
@@ -293,6 +319,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     sched_.reset(*this, request);
     for (int l = 0; l < store_->shape().layers; ++l) history_.clear(slot(request, l));
     binding_.unbind();  // a pending step may have included the request
+    ++generation_;      // and a planned one
   }
 
   // 5. Resident bytes and tokens, bytes moved between tiers, refreshes, stalls, layer budgets.
@@ -348,6 +375,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   plan_type plan_;
   prefill_totals totals_;                // scratch of prefill()
   std::vector<unsigned char> in_batch_;  // [requests] scratch: requests seen in a decode batch
+  std::uint64_t generation_ = 0;         // advanced by every decode, prefill and reset
   state_type sched_;                     // last: built from the members above
 };
 

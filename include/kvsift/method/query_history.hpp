@@ -40,14 +40,6 @@ class query_history {
     return rows_[slot].data() + static_cast<std::size_t>(i) * row_;
   }
 
-  // Rows available for a window ending at q's last row when q (first row at `first`) is added:
-  // q's own, plus the buffered ones when they continue right before it.
-  [[nodiscard]] int contiguous(std::size_t slot, int q_rows, std::int32_t first) const {
-    const int buffered = rows(slot);
-    const bool continues = buffered > 0 && first_[slot] + buffered == first;
-    return q_rows + (continues ? buffered : 0);
-  }
-
   // Keeps the newest `keep` rows of the buffer followed by q (first row at position `first`).
   void remember(std::size_t slot, int keep, kv_view<const float, nhd> q, std::int32_t first) {
     if (keep == 0) return;

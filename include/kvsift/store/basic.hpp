@@ -22,18 +22,12 @@
 // order-free over keys, so rows need no order. retain picks the cheapest of three ways to close
 // the gaps the released tokens leave:
 //   compact     shift the kept rows down in order (slot i stays row i): chosen while the rows
-//               are in slot order and it moves at most four times the rows of the other way,
-//               e.g. a prompt's compression or a LagKV round (logical pages stay store pages:
-//               Quest-style page plans export in the pages form; attention keeps reading rows
-//               in address order, which a bulk hole filling would scatter for every later step);
+//               are in slot order and it moves at most four times the rows of the other way;
 //   fill holes  move only the kept rows past the new length into the lowest released rows and
 //               rewrite the row numbers;
 //   leave the hole  when exactly one token is released and no hole waits already (a decode
 //               step's eviction: StreamingLLM, H2O), nothing moves: the released row waits as
-//               the head-sequence's hole, and the next append writes its first token there. In
-//               steady decode a step appends into the row the last step freed and no resident
-//               row is ever copied; only the row map entries after the released slot shift
-//               (int32 each), and a paged store neither frees nor takes a page.
+//               the head-sequence's hole, and the next append writes its first token there.
 // rows_in_slot_order(seq) says whether slot i is row i (a hole waits in order only at the end).
 
 #include <kvsift/concepts.hpp>
@@ -171,6 +165,7 @@ class basic_store {
     require(first_position >= next, where, "first_position", first_position, [&] {
       return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";
     });
+    require_positions_fit(where, "first_position", first_position, k.tokens);
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto seq = shape_.sequence(request, layer, h);
       require(self().can_grow(seq, grown_extent(seq, k.tokens)), where, "k.tokens", k.tokens, [&] {

@@ -13,24 +13,12 @@
 // (attention_plan's order), and its query heads are that request's group of q heads
 // [h * group, (h + 1) * group) (num_qo_heads = group).
 //
-// Two forms:
-//   tokens (flashinfer_tokens)  a token plan, kept slots per entry (attention_plan::slots):
-//          page_size = 1; indices[indptr[s] + i] = the pool row of slot slots[s][i], i.e.
-//          page * store_page_size + r % store_page_size where r = store.row(seq, slot) (the
-//          head-sequence's row of that slot; head_pages.rows) and page is the entry's
-//          (r / store_page_size)-th page; the pool read as [total_pages * store_page_size, 1, d]
-//          rows. last_page_len[s] = 1, or 0 for an entry that keeps nothing.
-//   pages  (flashinfer_pages)   a page plan whose pages are the store's pages (the plan's page
-//          size equals store.page_size()), kept logical pages per entry (attention_plan::pages
-//          of Quest over this store): page_size = store.page_size(); indices = the physical page ids
-//          of the kept pages; last_page_len[s] = the rows of the last kept page: the entry's
-//          length minus its full pages when that page is the head-sequence's last (partial)
-//          page, page_size otherwise, 0 for an entry that keeps nothing. Every kept page but
-//          the last is full (only a head-sequence's last page can be partial, and pages are
-//          ascending), which is what FlashInfer's layout assumes. A logical page is a store page
-//          only while slot i is row i (store.rows_in_slot_order: until a retain reorders rows;
-//          Quest never retains), so this form rejects head_pages with a row map. A page plan
-//          of another page size is exported in the tokens form, from its slots.
+// Two forms (docs/device.md, "Plans on the device and the FlashInfer export", says them in full):
+//   tokens (flashinfer_tokens)  any token plan: page_size = 1, indices = the pool rows of the
+//          kept slots, last_page_len 1 (0 for an entry that keeps nothing).
+//   pages  (flashinfer_pages)   a page plan over the store's own pages (Quest's): indices = the
+//          physical page ids, last_page_len = the rows of the last kept page; rejects head_pages
+//          with a row map (a logical page is a store page only while slot i is row i).
 // In both forms indptr = the plan's offsets, and FlashInfer's sequence length of entry s,
 // (pages - 1) * page_size + last_page_len (0 when it has no pages), is the number of tokens the
 // plan keeps for it. Attention is order-free over keys, so the kept order (ascending) is kept.

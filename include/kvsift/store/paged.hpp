@@ -86,6 +86,11 @@ class paged : public basic_store<paged<T, Space>, T, Space> {
   [[nodiscard]] int capacity(std::int64_t seq) const {
     return (static_cast<int>(pages_[seq].size()) + free_pages()) * page_size_;
   }
+  // Pages the pool must give seq for `tokens` more tokens: the first fills a waiting hole (a
+  // one-token eviction's released row) without one. What append() takes, for checks before it.
+  [[nodiscard]] int pages_to_append(std::int64_t seq, int tokens) const {
+    return pages_to_grow(seq, std::max(this->row_extent(seq), this->length(seq) + tokens));
+  }
 
   // FlashInfer-style CSR block table over the KV heads of (request, layer).
   struct page_table_t {

@@ -17,13 +17,8 @@
 //                token's row leaves it, its buffers shrink once less than a quarter is in use, and
 //                resident_bytes() counts only what is resident).
 //
-// Decision, DESIGN §2 / issue "Method lifecycle for dynamic methods": the working set is kept
-// sorted by original position at all times — slot order is position order — also after a
-// recall brings prefill tokens back between resident ones. So every KvStore law of a compacting
-// store holds here too (positions ascend with slots; a plan of ascending slots is a plan of
-// ascending positions), and install() merges instead of appending.
-//
-// The working set is what the KvStore concept sees (length/position/key/value/retain), so the
+// The working set is kept sorted by original position at all times (slot order is position
+// order), so every KvStore law of a compacting store holds; install() merges. The working set is what the KvStore concept sees (length/position/key/value/retain), so the
 // library's attention, scorers and the plan machinery work over it unchanged. The host pool has
 // its own accessors (host_length, host_key, host_page, ...). Moving rows host -> working set is
 // either synchronous (promote) or the install of a completed asynchronous recall
@@ -33,12 +28,8 @@
 // appended to, so a recall in flight reads rows that no other call writes. reset(request) must
 // not run while a recall of that request is in flight (the methods cancel theirs first).
 //
-// Cost: append writes each row twice (pool and working set); retain, promote and install work in
-// place in the working set's buffers (no allocation once they reached their high-water mark):
-// retain moves kept rows down over demoted ones; promote/install copy each missing row once and
-// move a kept row only if a recalled row lands before it (a merge from the back). A working set
-// that falls below a quarter of its capacity gives the memory back (shrink), so the device tier
-// holds about what is resident, not the prompt it once held.
+// Cost: append writes each row twice; retain, promote and install work in place (no allocation
+// past the high-water mark); the rest: docs/architecture.md, "Design notes from the headers".
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/element.hpp>
@@ -237,6 +228,7 @@ class tiered {
     const std::int32_t next = next_position(request, layer);
     require(first_position >= next, where, "first_position", first_position,
             ">= " + std::to_string(next) + " (positions ascend within a head-sequence)");
+    require_positions_fit(where, "first_position", first_position, k.tokens);
     const int have = host_length(request, layer);
     require(k.tokens <= capacity_ - have, where, "k.tokens", k.tokens,
             "<= the room left in the host pool (" + std::to_string(capacity_ - have) + " of " +

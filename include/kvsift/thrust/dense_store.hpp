@@ -20,30 +20,13 @@
 // a retain. Nothing is allocated after construction except Thrust's own scan scratch, which E's
 // policy takes from its arena (served from the cache after the first call).
 //
-// Shapes on the host, contents on the device. The store keeps a host shadow of every
-// head-sequence's length and every (request, layer)'s next position, so each count a step needs
-// (room, how many rows a retain keeps, the offsets of a plan) is known without reading E memory.
-// append and retain read nothing back; the host writes E memory only through counted copies of
-// per-call descriptors (a retain's kept counts). The data decides which slots a retain keeps; the
-// host decides how many.
-//
-// Layout: [sequences, capacity, d] rows, sequence = shape.sequence(request, layer, head); slot i
-// is row i (a retain compacts the kept rows in order: on a device that is one parallel gather
-// through scratch, not the CPU store's row-by-row moves, so the CPU's hole filling buys nothing).
-// Columns: [columns, sequences, capacity] floats, 0 for appended rows.
-//
-// Errors. Arguments the host can see (request, layer, views, positions, room, counts) are checked
-// before anything changes and throw kvsift::error. Values live in E memory and are checked on the
-// device, where they are read anyway: a retain's kept slots (each below the head's length,
-// ascending; a bad one never addresses memory outside its head-sequence) and an append's keys and
-// values (NaN or Inf poisons every score and attention output that reads the row, as
-// method::lifecycle rejects on the host). What the device found is raised as kvsift::error by
-// the next check() (one counted device-to-host read, outside any captured step), as a GPU reports
-// a kernel's failure; unlike on the host, the offending append or retain has happened by then.
-//
-// Laws (tests/thrust/test_dense_store.cpp): after the same appends, retains and resets its rows,
-// positions and lengths equal store::dense's in slot order and its columns move with their rows;
-// append and retain allocate nothing and read nothing back once warm (exec::sim's counters).
+// Contract: counts are host shadows (the data decides which slots a retain keeps, the host how
+// many); append and retain read nothing back and, once warm, allocate nothing. Host-visible
+// arguments are checked before anything changes; bad kept slots and NaN/Inf keys or values are
+// found on the device and raised by the next check(), after the append or retain ran. Laws
+// (tests/thrust/test_dense_store.cpp): rows, positions and lengths equal store::dense's in slot
+// order after the same calls. Layout, errors and laws in full: docs/architecture.md, "Design
+// notes from the headers".
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
@@ -239,6 +222,7 @@ class dense_store {
     require(first_position >= next, where, "first_position", first_position, [&] {
       return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";
     });
+    require_positions_fit(where, "first_position", first_position, k.tokens);
     const std::int64_t seq0 = shape_.sequence(request, layer, 0);
     for (int h = 0; h < shape_.kv_heads; ++h) {
       require(length_[seq0 + h] + k.tokens <= capacity_, where, "k.tokens", k.tokens, [&] {

@@ -49,6 +49,9 @@ struct head_pages_view {
   // by kvsift::page_lists from the store (not re-checked on the device).
   const std::int32_t* row_indptr = nullptr;  // [entries + 1]
   const std::int32_t* rows = nullptr;        // [row_indptr[entries]]
+  // [entries] rows each entry's pages hold (head_pages.extents: its tokens, and a released row
+  // the next append fills), or null when they hold exactly its tokens.
+  const std::int32_t* extents = nullptr;
 };
 
 // The output arrays, in caller memory on the device.
@@ -63,13 +66,15 @@ struct device_head_pages {
   Vector indptr, pages, lengths;  // as head_pages_view
   int page_size = 0;
   Vector row_indptr, rows;        // empty when slots are rows
+  Vector extents;                 // empty when pages hold exactly the tokens
   [[nodiscard]] int entries() const { return static_cast<int>(indptr.size()) - 1; }
   [[nodiscard]] head_pages_view view() const {
     const bool mapped = !row_indptr.empty();
     return {::thrust::raw_pointer_cast(indptr.data()), ::thrust::raw_pointer_cast(pages.data()),
             ::thrust::raw_pointer_cast(lengths.data()), entries(), page_size,
             mapped ? ::thrust::raw_pointer_cast(row_indptr.data()) : nullptr,
-            mapped ? ::thrust::raw_pointer_cast(rows.data()) : nullptr};
+            mapped ? ::thrust::raw_pointer_cast(rows.data()) : nullptr,
+            extents.empty() ? nullptr : ::thrust::raw_pointer_cast(extents.data())};
   }
 };
 
@@ -80,7 +85,8 @@ template <class Vector>
           Vector(hp.pages.values.begin(), hp.pages.values.end()),
           Vector(hp.lengths.begin(), hp.lengths.end()), hp.page_size,
           mapped ? Vector(hp.rows.offsets.begin(), hp.rows.offsets.end()) : Vector(),
-          mapped ? Vector(hp.rows.values.begin(), hp.rows.values.end()) : Vector()};
+          mapped ? Vector(hp.rows.values.begin(), hp.rows.values.end()) : Vector(),
+          Vector(hp.extents.begin(), hp.extents.end())};
 }
 
 // An owning device table; to_host() gives the host reference's type.
@@ -134,13 +140,16 @@ struct fi_bad_indptr_fn {
   }
 };
 
-// Page lists: the first entry whose length is negative or does not fill its pages.
+// Page lists: the first entry whose length is negative, whose extent is not its length or one
+// more (a waiting hole), or whose rows in use do not fill its pages (as check_head_pages).
 struct fi_bad_entry_fn {
   head_pages_view hp;
   KVSIFT_HOST_DEVICE std::int64_t operator()(std::int64_t s) const {
     const std::int64_t n = hp.lengths[s];
+    const std::int64_t extent = hp.extents == nullptr ? n : hp.extents[s];
     const std::int64_t pages = hp.indptr[s + 1] - hp.indptr[s];
-    const bool bad = n < 0 || pages != (n + hp.page_size - 1) / hp.page_size;
+    const bool bad = n < 0 || extent < n || extent > n + 1 ||
+                     pages != (extent + hp.page_size - 1) / hp.page_size;
     return bad ? s : fi_none;
   }
 };
@@ -225,7 +234,8 @@ void fi_check(const Policy& exec, std::string_view where, std::string_view arg,
   if (bad_entry != fi_none) {
     const std::int64_t v = fi_read(exec, fi_load_fn{hp.lengths}, bad_entry);
     throw make_error(where, "head_pages.lengths[" + std::to_string(bad_entry) + "]", v,
-                     ">= 0 and filling the entry's pages (of " + std::to_string(hp.page_size) +
+                     ">= 0 and, with a released row the next append fills (head_pages.extents), "
+                     "filling the entry's pages (of " + std::to_string(hp.page_size) +
                          ", the last one partly)");
   }
   const fi_bad_index_fn bad{plan, hp, pages};

@@ -23,69 +23,12 @@
 // Thrust for_each, fill_n or copy_n on E's policy, so no call asks Thrust for temporary storage
 // (no sort, no scan: the test checks that the arena sees not even a cache hit once warm).
 //
-// Two tiers (store::tiered's, see store/tiered.hpp):
-//   host pool  [sequences, host_capacity, d] keys and the same of values, [sequences,
-//              host_capacity] positions (ascending: append order), per (request, layer) a length.
-//              Write-through: every appended token lands here and stays until reset(request).
-//              On a GPU this is pinned, mapped host memory that kernels write and read directly
-//              (a recall is a kernel reading it); under exec::sim it is an E buffer like the
-//              rest, written and read only by kernels on E's policy, never by counted copies.
-//              Page g (page size p) of a head-sequence is its rows [g p, (g + 1) p): one
-//              contiguous block of keys and one of values.
-//   device tier [sequences, tier_capacity, d] keys and values, and per slot its position (-1
-//              for a free slot). A head-sequence's working set occupies `length(seq)` of its
-//              tier_capacity physical slots, in ANY order: an append, a retain and an install
-//              write only the rows that arrive (into free slots) and free the slots of the rows
-//              that leave; a resident row never moves (issue: "the tiered store's device tier
-//              keeps physical slots unordered and the plan sorted, so an install moves no
-//              resident row").
-//   plan       [sequences, tier_capacity] slots and positions: entry i < length(seq) is the
-//              working set's i-th smallest position and the slot that holds it. Kept sorted by
-//              every call (an append adds above every resident position, a retain compacts the
-//              plan, not the rows, an install writes the new plan from its sorted positions), so
-//              attention reads in position order through it (plan_sorted packs it for
-//              thrust::attention_over's attention_plan, against slot_key_rows()). Plan index i is
-//              store::tiered's slot i: the indices a retain keeps are store::tiered's kept
-//              slots.
-//   free slots [sequences, tier_capacity] per head-sequence a stack of its free slots, whose
-//              size is tier_capacity - length(seq): a host-known count. An append pops the top,
-//              a retain or an install pushes the slots of leaving rows above the old top, and an
-//              install pops its arrivals' slots from there; so which slots is device data, how
-//              many is the host's.
-//
-// Shapes on the host, contents on the device. The store keeps a host shadow of every count (each
-// head-sequence's working-set length, each (request, layer)'s pool length and next position),
-// so each count a step needs (room, how many rows a retain keeps, how many an install installs,
-// the offsets of a plan) is known without reading E memory. The data (positions, kept indices)
-// decides which rows, never how many. The host writes E memory only through counted copies of
-// per-call descriptors (a retain's kept counts, an install's or a plan's head-sequences and
-// counts); append, retain, install and plan_sorted read nothing back.
-//
-// How an install finds slots without sorting or allocating: for each target the old plan and the
-// new positions both ascend, so "does resident row i stay" and "is new position j resident" are
-// binary searches. The leaving rows' ranks (which free-stack entry each pushes) and the arriving
-// rows' ranks (which entry each pops) are per-target exclusive counts over [tier_capacity] flags,
-// done by three for_each passes over blocks of 32 flags (count per block; one prefix over a
-// target's blocks; rank within a block) in scratch sized at construction. Then the arrivals'
-// rows are copied from the pool into their slots (the recall) and the new plan is written.
-//
-// Errors. Arguments the host can see (request, layer, views, first_position, room, counts,
-// head-sequence ids, distinct targets) are checked before anything changes and throw
-// kvsift::error naming the argument, its value and what was expected. Values in E memory are
-// checked on the device, where they are read anyway: a retain's kept plan indices (each below
-// the head's length, ascending), an install's positions (ascending, each in the target's pool),
-// an append's keys and values (finite). A bad index set never corrupts the store: a head whose
-// kept indices are bad keeps its first kept_counts[h] rows instead, a target whose positions are
-// bad gets the newest counts[r] positions of its pool instead (valid sets of the counts the host
-// already recorded). What the device found is raised as kvsift::error by the next check() (one
-// counted device-to-host read, outside any captured step), as a GPU reports a kernel's failure.
-//
-// Laws (tests/thrust/test_tiered_store.cpp): after the same appends, retains, installs (=
-// store::tiered::promote: the pool is device-reachable, so a recall is always synchronous) and
-// resets, each working set maps the same positions to the same K/V rows as store::tiered's, in
-// plan order = store::tiered's slot order; the pools hold the same rows; lengths, pool lengths and
-// next positions are equal; a row resident before and after an install keeps its slot and bytes;
-// once warm, append, retain, install and plan_sorted allocate nothing and read nothing back.
+// Contract: device-tier slots are unordered and the plan is sorted by position, so an install
+// copies only arriving rows and no resident row moves. Counts are host shadows; the data decides
+// which rows, never how many. Host-visible arguments throw before anything changes; bad values
+// in E memory are raised by the next check(). Laws (tests/thrust/test_tiered_store.cpp): the
+// same rows as store::tiered after the same calls; once warm nothing allocates or reads back.
+// Layout, installs, errors: docs/architecture.md, "Design notes from the headers".
 
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
@@ -730,9 +673,7 @@ class tiered_store {
     require(first_position >= next, where, "first_position", first_position, [&] {
       return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";
     });
-    require(first_position <= std::numeric_limits<std::int32_t>::max() - k.tokens, where,
-            "first_position", first_position,
-            [&] { return "<= INT32_MAX - " + std::to_string(k.tokens) + " (int32 positions)"; });
+    require_positions_fit(where, "first_position", first_position, k.tokens);
     const int have = host_length(request, layer);
     require(k.tokens <= host_capacity_ - have, where, "k.tokens", k.tokens, [&] {
       return "<= the room left in the host pool (" + std::to_string(host_capacity_ - have) +

@@ -12,14 +12,9 @@
 // A worker thread (std::jthread) runs the recalls in submission order, in claims of chunk_rows
 // rows. A wait() on a recall that is not done yet does not just sleep: it takes the claims the
 // worker has not reached and copies them on the waiting thread (the stall is still counted), so a
-// short recall pays no hand-off latency and a long one is copied by two threads. Each claim of a
-// direct recall copies pool rows straight into the landing. A staged recall is streamed
-// through two staging buffers (the double buffer of FreeKV's recall): a chunk of the host pool's
-// HND page blocks (or of scattered token rows) is copied into one staging buffer while the
-// chunk before it, in the other buffer, is converted HND -> NHD rows into the ticket's landing.
-// On the CPU both stages run on the worker in alternation, as one claim (the structure the GPU
-// path overlaps: copy engine and conversion kernel, cuda/transfer.cuh). Rows contiguous in the
-// pool (the rows of one page of one head) are copied as one block; scattered tokens row by row.
+// short recall pays no hand-off latency and a long one is copied by two threads. A direct recall
+// copies pool rows straight into the landing; a staged one streams through two staging buffers
+// (FreeKV's double buffer; docs/architecture.md, "Design notes from the headers").
 //
 // Guarantees (each tested in tests/test_tiered.cpp, TSan-clean under the `tsan` label):
 //  - submit() validates the request (head-sequences, ascending positions in the host pool) on

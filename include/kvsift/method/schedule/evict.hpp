@@ -46,12 +46,34 @@ struct schedule::evict {
 // is a head-sequence's final prefix, `steps` the per-(request, layer) decode steps.
 namespace detail {
 
+// The newest contiguous queries the history will hold for c's request once c is remembered,
+// after the call's earlier chunks (tot: what the shell counted of them): the simulation of
+// query_history::remember over the call, so a check sees what the round will read.
+template <class M, class Chunk, class History>
+int evict_query_rows(const M& m, int layer, const Chunk& c, const History& history,
+                     prefill_totals& tot) {
+  const auto r = static_cast<std::size_t>(c.request);
+  int& rows = tot.query_rows[r];
+  std::int32_t& end = tot.query_end[r];
+  if (rows < 0) {  // the request's first chunk of the call: what is buffered already
+    const auto s = m.slot(c.request, layer);
+    rows = history.rows(s);
+    end = history.first(s) + rows;
+  }
+  const std::int32_t first = c.first_position + c.keys.tokens - c.queries.tokens;
+  if (rows > 0 && end != first) rows = 0;  // not contiguous: remember() drops the buffer
+  rows += c.queries.tokens;
+  end = first + c.queries.tokens;
+  return rows;
+}
+
 // A chunk's queries for the scorer: every prompt query (a scorer reading all of them) or the
 // chunk's newest ones, and on the prompt's last chunk enough newest queries for the scorer's
-// window, counting what `history` (method's query_history, or a device state's) buffered.
+// window, counting what `history` (method's query_history, or a device state's) buffered and what
+// the call's earlier chunks of the request add (tot). Returns the rows buffered after c.
 template <class M, class Chunk, class History>
-void evict_check_queries(const M& m, std::string_view where, int layer, const Chunk& c,
-                         const History& history) {
+int evict_check_queries(const M& m, std::string_view where, int layer, const Chunk& c,
+                        const History& history, prefill_totals& tot) {
   const auto& sc = m.parts().scorer;
   const auto& st = m.store();
   if (sc.query_window() < 0) {
@@ -62,15 +84,16 @@ void evict_check_queries(const M& m, std::string_view where, int layer, const Ch
             c.queries.tokens,
             "in [0, keys.tokens = " + std::to_string(c.keys.tokens) + "]: the chunk's newest queries");
   }
+  const int have = evict_query_rows(m, layer, c, history, tot);
   if (c.last && layer >= m.parameters().dense_layers && sc.query_window() > 0) {
-    const int have = history.contiguous(m.slot(c.request, layer), c.queries.tokens,
-                                        c.first_position + c.keys.tokens - c.queries.tokens);
-    const int need = std::min(sc.query_window(),
-                              st.length(st.shape().sequence(c.request, layer, 0)) + c.keys.tokens);
+    const int prompt = st.length(st.shape().sequence(c.request, layer, 0)) +
+                       tot.added[static_cast<std::size_t>(c.request)] + c.keys.tokens;
+    const int need = std::min(sc.query_window(), prompt);
     require(have >= need, where, "queries.tokens", c.queries.tokens,
             "enough newest queries for the scorer's window: " + std::to_string(need) +
                 " ending at the prompt's last token (" + std::to_string(have) + " available)");
   }
+  return have;
 }
 
 // Segments of the given sizes whose scores are all 0, for a selector's check of budgets against
@@ -92,16 +115,19 @@ inline const score_sets& zero_scores(std::span<const int> sizes) {
 }
 
 // A budget that cannot hold the protected tokens is an error before anything is appended: the
-// selector's check of the budgets of the prompts that end in `chunks`.
+// selector's check of the budgets of the prompts that end in `chunks`, at their lengths after
+// every chunk of the call (tot.added: a request's earlier chunks count too).
 template <class M, class Chunk>
-void evict_check_prefill(const M& m, int layer, std::span<const Chunk> chunks) {
+void evict_check_prefill(const M& m, int layer, std::span<const Chunk> chunks,
+                         const prefill_totals& tot) {
   if (layer < m.parameters().dense_layers) return;
   const auto& sh = m.store().shape();
   std::vector<int> lengths;
   for (const auto& c : chunks) {
     if (!c.last) continue;
     for (int h = 0; h < sh.kv_heads; ++h) {
-      lengths.push_back(m.store().length(sh.sequence(c.request, layer, h)) + c.keys.tokens);
+      lengths.push_back(m.store().length(sh.sequence(c.request, layer, h)) +
+                        tot.added[static_cast<std::size_t>(c.request)]);
     }
   }
   std::vector<int> budgets;
@@ -223,15 +249,15 @@ class schedule::evict::state : public detail::one_tier<Store> {
   template <class M>
   void check_chunk(const M& m, std::string_view where, int layer, const prefill_chunk<T>& c,
                    prefill_totals& tot) const {
-    if constexpr (Scorer::needs_queries) detail::evict_check_queries(m, where, layer, c, m.history());
+    if constexpr (Scorer::needs_queries) detail::evict_check_queries(m, where, layer, c, m.history(), tot);
     base::check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);
   }
 
   // A budget that cannot hold the protected tokens is an error before anything is appended.
   template <class M>
   void check_prefill(const M& m, std::string_view, int layer,
-                     std::span<const prefill_chunk<T>> chunks, const prefill_totals&) const {
-    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks);
+                     std::span<const prefill_chunk<T>> chunks, const prefill_totals& tot) const {
+    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks, tot);
   }
 
   template <class M>

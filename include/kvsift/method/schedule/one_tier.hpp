@@ -45,11 +45,10 @@ class one_tier {
     const int room = st.capacity(seq0) - st.length(seq0) - pending;
     require(c.keys.tokens <= room, where, "keys.tokens", c.keys.tokens,
             "<= the room left in the store (" + std::to_string(room) + ")");
-    if constexpr (requires { st.free_pages(); st.page_size(); }) {
-      const int ps = st.page_size();
-      for (int h = 0; h < sh.kv_heads; ++h) {
-        const int have = st.length(sh.sequence(c.request, layer, h)) + pending;
-        pool_pages += (have + c.keys.tokens + ps - 1) / ps - (have + ps - 1) / ps;
+    if constexpr (requires { st.free_pages(); st.pages_to_append(seq0, 1); }) {
+      for (int h = 0; h < sh.kv_heads; ++h) {  // a waiting hole takes the first token, no page
+        const auto seq = sh.sequence(c.request, layer, h);
+        pool_pages += st.pages_to_append(seq, pending + c.keys.tokens) - st.pages_to_append(seq, pending);
       }
       require(pool_pages <= st.free_pages(), where, "keys.tokens", c.keys.tokens,
               "room in the page pool for the whole batch (" + std::to_string(pool_pages) +
@@ -69,11 +68,11 @@ class one_tier {
         const auto seq = sh.sequence(t.request, layer, h);
         require(st.length(seq) < st.capacity(seq), where, "request", t.request,
                 "a head-sequence with room for one more token");
-        if constexpr (requires { st.free_pages(); st.page_size(); }) {
-          pool_pages += st.length(seq) % st.page_size() == 0 ? 1 : 0;
+        if constexpr (requires { st.free_pages(); st.pages_to_append(seq, 1); }) {
+          pool_pages += st.pages_to_append(seq, 1);  // none into a waiting hole
         }
       }
-      if constexpr (requires { st.free_pages(); st.page_size(); }) {
+      if constexpr (requires { st.free_pages(); st.pages_to_append(std::int64_t{}, 1); }) {
         require(pool_pages <= st.free_pages(), where, "request", t.request, [&] {
           return "room in the page pool for the whole batch (" + std::to_string(pool_pages) +
                  " pages needed up to this request, " + std::to_string(st.free_pages()) + " free)";
