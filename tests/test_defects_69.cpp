@@ -17,6 +17,8 @@
 #include <kvsift/store/paged.hpp>
 #include <kvsift/store/tiered.hpp>
 
+#include "store_contents.hpp"
+
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -75,23 +77,7 @@ struct token_data {
   }
 };
 
-// Lengths, positions and rows of every head-sequence, and next positions: "unchanged" checks.
-template <class Store>
-std::vector<float> contents(const Store& s) {
-  std::vector<float> out;
-  const auto& sh = s.shape();
-  for (std::int64_t seq = 0; seq < s.requests() * sh.sequences_per_request(); ++seq) {
-    out.push_back(static_cast<float>(s.length(seq)));
-    for (int i = 0; i < s.length(seq); ++i) {
-      out.push_back(static_cast<float>(s.position(seq, i)));
-      out.insert(out.end(), s.key(seq, i), s.key(seq, i) + sh.head_dim);
-      out.insert(out.end(), s.value(seq, i), s.value(seq, i) + sh.head_dim);
-    }
-  }
-  for (int r = 0; r < s.requests(); ++r)
-    for (int l = 0; l < sh.layers; ++l) out.push_back(static_cast<float>(s.next_position(r, l)));
-  return out;
-}
+using kvsift_test::contents;
 
 template <class M>
 void prefill(M& m, const std::vector<const chunk_data*>& chunks) {
