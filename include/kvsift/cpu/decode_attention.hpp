@@ -31,6 +31,7 @@
 #include <kvsift/cpu/simd.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -48,7 +49,8 @@ namespace detail {
 // then V rows read once, accumulated into out [G, d].
 template <Element T, class KeyAt, class ValueAt>
 void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&& key,
-                           ValueAt&& value, float* out, float scale, std::vector<float>& logits) {
+                           ValueAt&& value, float* out, float scale, std::vector<float>& logits,
+                           float* lse = nullptr) {
   thread_local std::vector<float> row;
   logits.resize(static_cast<std::size_t>(G) * m);
   row.resize(static_cast<std::size_t>(d));
@@ -65,6 +67,13 @@ void attend_group_portable(const float* qg, int G, int d, std::size_t m, KeyAt&&
     for (int g = 0; g < G; ++g) logits[g * m + j] = kvsift::dot(qg + g * d, k, d) * scale;
   }
   for (int g = 0; g < G; ++g) {
+    if (lse != nullptr) {  // before the softmax overwrites the logits
+      const float* x = logits.data() + g * m;
+      const float top = *std::max_element(x, x + m);
+      double sum = 0.0;
+      for (std::size_t j = 0; j < m; ++j) sum += std::exp(static_cast<double>(x[j]) - top);
+      lse[g] = top + static_cast<float>(std::log(sum));
+    }
     softmax_fast(std::span<float>(logits.data() + g * m, m));
     for (int c = 0; c < d; ++c) out[g * d + c] = 0.0f;
   }
@@ -204,6 +213,14 @@ class online_softmax {
       run_max_[g] = next;
     }
     return grew;
+  }
+  // Head g's log-sum-exp of every logit so far (its running maximum plus the log of its sum):
+  // what a partial attention hands to a merge (attention/merge.hpp). Before normalisers().
+  [[nodiscard]] float lse(int g) const { return run_max_[g] + std::log(run_sum_[g]); }
+  // Every head's lse into out[0, G).
+  void lse_into(float* out) const {
+    if (out == nullptr) return;
+    for (int g = 0; g < G_; ++g) out[g] = lse(g);
   }
   // The final scaling, 1 / sum per head.
   const float* normalisers() {
@@ -692,7 +709,7 @@ KVSIFT_TARGET_AMX std::size_t amx_logits(const std::uint16_t* qt, int d, std::si
 template <Element T>
 void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* krow,
                   const T* const* vrow, float* out, float scale, std::vector<float>& logits,
-                  bool amx = false) {
+                  bool amx = false, float* lse = nullptr) {
   const std::size_t chunk = std::min(m, kChunk);
   logits.resize(static_cast<std::size_t>(G) * chunk);
   float* lg = logits.data();
@@ -757,6 +774,7 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
         });
       }
     }
+    softmax.lse_into(lse);
     finish_heads<T, Paired>(softmax.normalisers(), G, d, out);
   });
 }
@@ -1028,7 +1046,8 @@ KVSIFT_TARGET_AVX2 inline void scale_rows(float* out, int G, int d, const float*
 
 template <Element T>
 void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* krow,
-                  const T* const* vrow, float* out, float scale, std::vector<float>& logits) {
+                  const T* const* vrow, float* out, float scale, std::vector<float>& logits,
+                  float* lse = nullptr) {
   const std::size_t chunk = std::min(m, kChunk);
   logits.resize(static_cast<std::size_t>(G) * chunk);
   float* lg = logits.data();
@@ -1052,6 +1071,7 @@ void attend_group(const float* qg, int G, int d, std::size_t m, const T* const* 
       });
     }
   }
+  softmax.lse_into(lse);
   scale_rows(out, G, d, softmax.normalisers());
 }
 
@@ -1119,28 +1139,33 @@ void weighted_values(const float* w, int G, int d, std::size_t m, ValueAt&& valu
 // out [G, d] = softmax(scale * qg . krow[j]) . vrow[j] over j in [0, m) for the G query heads qg
 // [G, d] of one KV head; krow[j] / vrow[j] point to row j's d elements of type T (a store's
 // row_addresses: no per-row lookup here). m == 0 gives zeros. `logits` is scratch (up to G * m
-// floats).
+// floats). With `lse` ([G]), also each head's log-sum-exp of its scaled logits (-inf for m == 0):
+// the output is then a partial attention over these rows, which attention/merge.hpp combines
+// exactly with another over disjoint rows (the host tier's part and the device's, say).
 template <Element T>
 void attend_group_at(const float* qg, int G, int d, std::size_t m, const T* const* krow,
-                     const T* const* vrow, float* out, float scale, std::vector<float>& logits) {
+                     const T* const* vrow, float* out, float scale, std::vector<float>& logits,
+                     float* lse = nullptr) {
   if (m == 0) {
     std::fill(out, out + static_cast<std::size_t>(G) * d, 0.0f);
+    if (lse != nullptr) std::fill(lse, lse + G, -std::numeric_limits<float>::infinity());
     return;
   }
 #if KVSIFT_HAVE_X86_SIMD_PATH
   const simd level = active_simd();
   if (d % 16 == 0 && level >= simd::avx512) {
     const bool amx = std::is_same_v<T, bfloat16> && level == simd::amx && amx_ready();
-    detail::avx512::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits, amx);
+    detail::avx512::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits, amx, lse);
     return;
   }
   if (d % 8 == 0 && level >= simd::avx2) {
-    detail::avx2::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits);
+    detail::avx2::attend_group<T>(qg, G, d, m, krow, vrow, out, scale, logits, lse);
     return;
   }
 #endif
   detail::attend_group_portable<T>(qg, G, d, m, [krow](std::size_t j) { return krow[j]; },
-                                   [vrow](std::size_t j) { return vrow[j]; }, out, scale, logits);
+                                   [vrow](std::size_t j) { return vrow[j]; }, out, scale, logits,
+                                   lse);
 }
 
 // attend_group_at with key(j) / value(j) returning row j's addresses: looked up once here.

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Merging partial attentions. A partial attention over a subset of a head's rows is its softmax-
+// weighted values normalised over that subset, with the subset's log-sum-exp of the scaled logits
+// (cpu::attend_group_at's `lse`). Two partials over disjoint subsets A and B merge into the
+// attention over A u B exactly, up to rounding (max-shifted, so no exp overflows):
+//
+//   m = max(lse_a, lse_b),  w_a = exp(lse_a - m),  w_b = exp(lse_b - m)
+//   out = (w_a out_a + w_b out_b) / (w_a + w_b),     lse = m + log(w_a + w_b)
+//
+// An empty subset has lse = -inf and any output: it contributes nothing. This is how a step may
+// attend the rows of the host tier on the CPU and the resident rows on the device, then combine.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvsift::attention {
+
+// out[g, :] and lse[g] for G heads of d channels from the partials (out_a, lse_a) and (out_b,
+// lse_b). out may be out_a or out_b (in place); lse may be null, or lse_a or lse_b.
+inline void merge_partials(int G, int d, const float* out_a, const float* lse_a, const float* out_b,
+                           const float* lse_b, float* out, float* lse = nullptr) {
+  constexpr float none = -std::numeric_limits<float>::infinity();
+  for (int g = 0; g < G; ++g) {
+    const float la = lse_a[g], lb = lse_b[g];
+    const float* oa = out_a + static_cast<std::size_t>(g) * d;
+    const float* ob = out_b + static_cast<std::size_t>(g) * d;
+    float* o = out + static_cast<std::size_t>(g) * d;
+    const float top = std::max(la, lb);
+    if (top == none) {  // both empty
+      std::fill(o, o + d, 0.0f);
+      if (lse != nullptr) lse[g] = none;
+      continue;
+    }
+    const float wa = la == none ? 0.0f : std::exp(la - top);
+    const float wb = lb == none ? 0.0f : std::exp(lb - top);
+    const float inv = 1.0f / (wa + wb);
+    const float fa = wa * inv, fb = wb * inv;
+    for (int c = 0; c < d; ++c) o[c] = (fa == 0.0f ? 0.0f : fa * oa[c]) + (fb == 0.0f ? 0.0f : fb * ob[c]);
+    if (lse != nullptr) lse[g] = top + std::log(wa + wb);
+  }
+}
+
+}  // namespace kvsift::attention
