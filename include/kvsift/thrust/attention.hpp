@@ -111,13 +111,21 @@ template <class T>
 struct attention_softmax_fn {
   attention_geometry<T> a;
   float* probs;
+  float* lse;  // null, or [requests, nq, q_heads] as `out` without its channels
   KVSIFT_HOST_DEVICE void operator()(std::int64_t row) const {
     const std::int64_t rows = static_cast<std::int64_t>(a.q.group) * a.q.window;
     const int s = static_cast<int>(row / rows);
     const int gi = static_cast<int>(row % rows);
+    const int g = gi / a.q.window;
     const int i = gi % a.q.window;
-    const int v = a.visible(s, a.q.first_position[s / a.q.kv_heads] + i);
-    softmax_row(probs + a.row_start(s, gi / a.q.window, i), v);
+    const int r = s / a.q.kv_heads;
+    const int h = s % a.q.kv_heads;
+    const int v = a.visible(s, a.q.first_position[r] + i);
+    const int q_heads = a.q.kv_heads * a.q.group;
+    float* l = lse == nullptr
+                   ? nullptr
+                   : lse + (static_cast<std::int64_t>(r) * a.q.window + i) * q_heads + h * a.q.group + g;
+    softmax_row(probs + a.row_start(s, g, i), v, l);
   }
 };
 
@@ -192,12 +200,16 @@ inline std::size_t attention_workspace_bytes(std::int64_t candidates, int group,
 //   weights       optional (null = not written): [N * G * nq], row (s, g, i) of n_s slots at
 //                 keys.offsets[s] * G * nq + (g * nq + i) * n_s; 0 for slots the query does not see
 //   workspace     >= attention_workspace_bytes(M, group, nq)
+//   lse           optional (null = not written): [requests, nq, q_heads], each query head's
+//                 log-sum-exp of its scaled logits over the candidates it sees (-inf: none), so
+//                 that `out` is a partial attention attention::merge_partials can combine with
+//                 another over disjoint candidates
 template <class Policy, Element T>
 void attention_over(const Policy& exec, const segmented_rows<T>& keys,
                     const segmented_rows<T>& values, const window_queries& queries,
                     attention_plan plan, std::int64_t num_items, std::int64_t candidates,
                     float* out, float* weights,
-                    void* workspace, std::size_t workspace_bytes) {
+                    void* workspace, std::size_t workspace_bytes, float* lse = nullptr) {
   constexpr std::string_view where = "thrust::attention_over";
   keys.validate(where, "keys");
   values.validate(where, "values");
@@ -231,7 +243,7 @@ void attention_over(const Policy& exec, const segmented_rows<T>& keys,
   const float scale = 1.0f / std::sqrt(static_cast<float>(keys.dim));
   ::thrust::for_each_n(exec, zero, logits, detail::attention_logits_fn<T>{a, scale, probs});
   ::thrust::for_each_n(exec, zero, static_cast<std::int64_t>(S) * G * nq,
-                       detail::attention_softmax_fn<T>{a, probs});
+                       detail::attention_softmax_fn<T>{a, probs, lse});
   ::thrust::for_each_n(exec, zero, static_cast<std::int64_t>(S) * G * nq * keys.dim,
                        detail::attention_out_fn<T>{a, probs, out});
   if (weights != nullptr) {

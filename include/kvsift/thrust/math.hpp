@@ -19,9 +19,12 @@ namespace kvsift::thrust {
 
 namespace detail {
 
-// cpu::softmax over x[0, n): row max subtracted, sum in double, scaled by float(1 / sum).
-KVSIFT_HOST_DEVICE inline void softmax_row(float* x, int n) {
+// cpu::softmax over x[0, n): row max subtracted, sum in double, scaled by float(1 / sum). With
+// `lse`, also the row's log-sum-exp (max + log(sum); -inf for an empty row): a partial
+// attention's, for attention/merge.hpp.
+KVSIFT_HOST_DEVICE inline void softmax_row(float* x, int n, float* lse = nullptr) {
   if (n <= 0) {
+    if (lse != nullptr) *lse = neg_inf();
     return;
   }
   float mx = x[0];
@@ -37,6 +40,7 @@ KVSIFT_HOST_DEVICE inline void softmax_row(float* x, int n) {
   for (int j = 0; j < n; ++j) {
     x[j] *= inv;
   }
+  if (lse != nullptr) *lse = mx + static_cast<float>(::log(sum));
 }
 
 // cpu::pool1d at output j of a row of n values (stride `stride` between tokens).
