@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Attention of a decode step split by tier, over a two-tier store (store::tiered): the rows of the
+// working set (resident: on the device in a deployment) and rows of the host pool that are not
+// resident, each attended where it lies as a partial attention with its log-sum-exp, then merged
+// (attention/merge.hpp). The merge equals the attention over both sets together, which is what
+// recalling the host rows first and attending the working set would give, up to rounding; no row
+// moves between tiers. This is the host half of the far-tier policy `attend`:
+//
+//   attend_host_rows(store, seq, positions, q, G, out, lse)   the host pool's rows at `positions`
+//   attend_slots(store, seq, slots, q, G, out, lse)           the working set's rows at `slots`
+//   attention::merge_partials(...)                           the two combined
+//
+// q is the G query heads [G, d] of KV head seq's group; out [G, d], lse [G]. Positions ascend and
+// are in the host pool; slots ascend and are resident. Checked (kvsift::error, nothing written).
+
+#include <kvsift/attention/merge.hpp>
+#include <kvsift/core/error.hpp>
+#include <kvsift/cpu/decode_attention.hpp>
+#include <kvsift/store/tiered.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvsift::attention {
+
+namespace detail {
+template <Element T>
+void attend_rows_partial(int d, std::span<const T* const> keys, std::span<const T* const> values,
+                         const float* q, int G, float* out, float* lse) {
+  thread_local std::vector<float> logits;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  cpu::attend_group_at<T>(q, G, d, keys.size(), keys.data(), values.data(), out, scale, logits, lse);
+}
+}  // namespace detail
+
+// The partial attention of q over the host pool rows of head-sequence seq at `positions`.
+template <Element T>
+void attend_host_rows(const store::tiered<T>& st, std::int64_t seq, std::span<const std::int32_t> positions,
+                      const float* q, int G, float* out, float* lse) {
+  constexpr std::string_view where = "attention::attend_host_rows";
+  const auto& sh = st.shape();
+  require(seq >= 0 && seq < static_cast<std::int64_t>(st.requests()) * sh.sequences_per_request(), where,
+          "seq", seq, "a head-sequence of the store");
+  require(q != nullptr && out != nullptr && lse != nullptr, where, "q/out/lse", "null",
+          "[G, d], [G, d] and [G] arrays");
+  const auto [request, layer] = st.request_layer(seq);
+  thread_local std::vector<const T*> keys, values;
+  keys.clear();
+  values.clear();
+  int at = 0;
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    const int idx = st.host_index(request, layer, positions[i], at);
+    require(idx >= 0 && (i == 0 || positions[i] > positions[i - 1]), where,
+            [i] { return "positions[" + std::to_string(i) + "]"; }, positions[i],
+            [] { return std::string("ascending positions of the head-sequence's host pool"); });
+    keys.push_back(st.host_key(seq, idx));
+    values.push_back(st.host_value(seq, idx));
+    at = idx + 1;
+  }
+  detail::attend_rows_partial<T>(sh.head_dim, keys, values, q, G, out, lse);
+}
+
+// The partial attention of q over the working-set slots `slots` of head-sequence seq.
+template <Element T>
+void attend_slots(const store::tiered<T>& st, std::int64_t seq, std::span<const std::int32_t> slots,
+                  const float* q, int G, float* out, float* lse) {
+  constexpr std::string_view where = "attention::attend_slots";
+  const auto& sh = st.shape();
+  require(seq >= 0 && seq < static_cast<std::int64_t>(st.requests()) * sh.sequences_per_request(), where,
+          "seq", seq, "a head-sequence of the store");
+  require(q != nullptr && out != nullptr && lse != nullptr, where, "q/out/lse", "null",
+          "[G, d], [G, d] and [G] arrays");
+  thread_local std::vector<const T*> keys, values;
+  keys.clear();
+  values.clear();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    require(slots[i] >= 0 && slots[i] < st.length(seq) && (i == 0 || slots[i] > slots[i - 1]), where,
+            [i] { return "slots[" + std::to_string(i) + "]"; }, slots[i],
+            [&] { return "ascending slots in [0, " + std::to_string(st.length(seq)) + ")"; });
+    keys.push_back(st.key(seq, slots[i]));
+    values.push_back(st.value(seq, slots[i]));
+  }
+  detail::attend_rows_partial<T>(sh.head_dim, keys, values, q, G, out, lse);
+}
+
+}  // namespace kvsift::attention
