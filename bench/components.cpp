@@ -13,6 +13,8 @@
 #define KVBENCH_HAS_LAG 0
 #endif
 
+#include <kvsift/attention/far_tier.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -139,6 +141,47 @@ void bm_attend(benchmark::State& st, const model& m, int n, int budget, int r, b
   }
   const double rows = static_cast<double>(kept.size()) * r * m.kv_heads;
   report(st, rows * 2.0 * m.head_dim * sizeof(T), static_cast<double>(kept.size()) * r);
+}
+
+// ---- attention over the host tier where it lives (attention/far_tier.hpp) -------------------------
+// A store::tiered of one layer whose prompt of n tokens keeps only the sinks and the newest 256
+// resident; each step attends `budget` rows of every KV head's host pool, spread over the demoted
+// ones, on the host: the far tier's half of an `attend` policy. Bytes: those keys and values read
+// once (on the caller's thread, KV head after KV head).
+template <class T>
+struct far_fixture {
+  kvsift::store::tiered<T> store;
+  far_fixture(const model& m, int n) : store(m.shape(1), 1, n, 16) {
+    fill_store(store, 0, 0, n, 9000);
+    index_sets kept;
+    std::vector<std::int32_t> window{0, 1, 2, 3};
+    for (int i = std::max(4, n - 256); i < n; ++i) window.push_back(i);
+    for (int h = 0; h < m.kv_heads; ++h) kept.push_back(window);
+    store.retain(0, 0, kept);
+  }
+};
+template <class T>
+void bm_attend_far(benchmark::State& st, const model& m, int n, int budget) {
+  const std::string key = std::string("far/") + m.name + "/" + std::string(kvsift::element_name<T>) +
+                          "/" + std::to_string(n);
+  auto& fx = cached<far_fixture<T>>(key, [&] { return std::make_shared<far_fixture<T>>(m, n); });
+  const int demoted = std::max(1, n - 260);
+  std::vector<std::int32_t> far;
+  for (const int i : spread(demoted, std::min(budget, demoted))) far.push_back(4 + i);
+  const int G = m.q_heads / m.kv_heads;
+  const auto q = random_vector<float>(static_cast<std::size_t>(m.q_heads) * m.head_dim, 43);
+  std::vector<float> out(q.size()), lse(static_cast<std::size_t>(m.q_heads));
+  for (auto _ : st) {
+    for (int h = 0; h < m.kv_heads; ++h) {
+      kvsift::attention::attend_host_rows(fx.store, fx.store.shape().sequence(0, 0, h), far,
+                                          q.data() + static_cast<std::size_t>(h) * G * m.head_dim, G,
+                                          out.data() + static_cast<std::size_t>(h) * G * m.head_dim,
+                                          lse.data() + h * G);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double rows = static_cast<double>(far.size()) * m.kv_heads;
+  report(st, rows * 2.0 * m.head_dim * sizeof(T), static_cast<double>(far.size()));
 }
 
 // ---- selectors ----------------------------------------------------------------------------------
@@ -345,6 +388,11 @@ void register_typed(const model& m, int n, int r) {
   }
   add(name_of("attention", "attend_plan", m, dt, n, n, r),
       [=](benchmark::State& st) { bm_attend<T>(st, *mp, n, n, r); });
+  for (const int b : budgets) {
+    if (b >= n || r != 1) continue;
+    add(name_of("attention", "far_host_rows", m, dt, n, b, r),
+        [=](benchmark::State& st) { bm_attend_far<T>(st, *mp, n, b); });
+  }
   if (kvsift::cpu::detected_simd() != kvsift::cpu::simd::portable) {
     add(name_of("attention", "attend_plan_portable", m, dt, n, n, r),
         [=](benchmark::State& st) { bm_attend<T>(st, *mp, n, n, r, true); });
