@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The example Llama engine against the golden outputs of the shipped models (data/tiny-recall,
-// data/recall-8kv: 8 KV heads and a BOS byte), the KV-cache call protocol, and the safetensors
+// data/recall-8kv: 8 KV heads and a BOS byte; data/recall-agree: recall-8kv's shape, heads that
+// agree), the KV-cache call protocol, and the safetensors
 // reader/writer (round trip and error paths). Everything is read from the repository's data/.
 
 #include <kvsift/io/safetensors.hpp>
@@ -36,6 +37,11 @@ const ex::llama_model& tiny_recall() {
 
 const ex::llama_model& recall_8kv() {
   static const ex::llama_model model = ex::llama_model::load(data_dir + "/recall-8kv");
+  return model;
+}
+
+const ex::llama_model& recall_agree() {
+  static const ex::llama_model model = ex::llama_model::load(data_dir + "/recall-agree");
   return model;
 }
 
@@ -110,7 +116,7 @@ class recording_cache : public ex::kv_cache {
 
 TEST_CASE("engine: the shipped models match their golden logits and greedy continuations",
           "[engine][golden]") {
-  const std::string model_name = GENERATE("tiny-recall", "recall-8kv");
+  const std::string model_name = GENERATE("tiny-recall", "recall-8kv", "recall-agree");
   const std::string task = GENERATE("passkey", "chain", "filler");
   CAPTURE(model_name, task);
   std::ifstream in(data_dir + "/" + model_name + "/golden/" + task + ".json");
@@ -122,8 +128,10 @@ TEST_CASE("engine: the shipped models match their golden logits and greedy conti
   const auto ref_step_max = golden["greedy_step_max_logit"].get<std::vector<float>>();
   REQUIRE(ex::byte_tokenize(golden["prompt"].get<std::string>()) == ids);
 
-  const auto& model = model_name == "tiny-recall" ? tiny_recall() : recall_8kv();
-  if (model_name == "recall-8kv") {
+  const auto& model = model_name == "tiny-recall"  ? tiny_recall()
+                      : model_name == "recall-8kv" ? recall_8kv()
+                                                   : recall_agree();
+  if (model_name != "tiny-recall") {
     // 8 KV heads, one per query head (G = 1), and every prompt starts with the BOS byte 0x02
     CHECK(model.config().num_kv_heads == 8);
     CHECK(model.config().num_q_heads == 8);
