@@ -29,6 +29,16 @@
 namespace kvsift::attention {
 
 namespace detail {
+// seq is a head-sequence of st; q, out and lse are arrays.
+template <Element T>
+void check_step(std::string_view where, const store::tiered<T>& st, std::int64_t seq, const float* q,
+                const float* out, const float* lse) {
+  require(seq >= 0 && seq < static_cast<std::int64_t>(st.requests()) * st.shape().sequences_per_request(),
+          where, "seq", seq, "a head-sequence of the store");
+  require(q != nullptr && out != nullptr && lse != nullptr, where, "q/out/lse", "null",
+          "[G, d], [G, d] and [G] arrays");
+}
+
 template <Element T>
 void attend_rows_partial(int d, std::span<const T* const> keys, std::span<const T* const> values,
                          const float* q, int G, float* out, float* lse) {
@@ -43,11 +53,7 @@ template <Element T>
 void attend_host_rows(const store::tiered<T>& st, std::int64_t seq, std::span<const std::int32_t> positions,
                       const float* q, int G, float* out, float* lse) {
   constexpr std::string_view where = "attention::attend_host_rows";
-  const auto& sh = st.shape();
-  require(seq >= 0 && seq < static_cast<std::int64_t>(st.requests()) * sh.sequences_per_request(), where,
-          "seq", seq, "a head-sequence of the store");
-  require(q != nullptr && out != nullptr && lse != nullptr, where, "q/out/lse", "null",
-          "[G, d], [G, d] and [G] arrays");
+  detail::check_step(where, st, seq, q, out, lse);
   const auto [request, layer] = st.request_layer(seq);
   thread_local std::vector<const T*> keys, values;
   keys.clear();
@@ -62,7 +68,7 @@ void attend_host_rows(const store::tiered<T>& st, std::int64_t seq, std::span<co
     values.push_back(st.host_value(seq, idx));
     at = idx + 1;
   }
-  detail::attend_rows_partial<T>(sh.head_dim, keys, values, q, G, out, lse);
+  detail::attend_rows_partial<T>(st.shape().head_dim, keys, values, q, G, out, lse);
 }
 
 // The partial attention of q over the working-set slots `slots` of head-sequence seq.
@@ -70,11 +76,7 @@ template <Element T>
 void attend_slots(const store::tiered<T>& st, std::int64_t seq, std::span<const std::int32_t> slots,
                   const float* q, int G, float* out, float* lse) {
   constexpr std::string_view where = "attention::attend_slots";
-  const auto& sh = st.shape();
-  require(seq >= 0 && seq < static_cast<std::int64_t>(st.requests()) * sh.sequences_per_request(), where,
-          "seq", seq, "a head-sequence of the store");
-  require(q != nullptr && out != nullptr && lse != nullptr, where, "q/out/lse", "null",
-          "[G, d], [G, d] and [G] arrays");
+  detail::check_step(where, st, seq, q, out, lse);
   thread_local std::vector<const T*> keys, values;
   keys.clear();
   values.clear();
@@ -85,7 +87,7 @@ void attend_slots(const store::tiered<T>& st, std::int64_t seq, std::span<const 
     keys.push_back(st.key(seq, slots[i]));
     values.push_back(st.value(seq, slots[i]));
   }
-  detail::attend_rows_partial<T>(sh.head_dim, keys, values, q, G, out, lse);
+  detail::attend_rows_partial<T>(st.shape().head_dim, keys, values, q, G, out, lse);
 }
 
 }  // namespace kvsift::attention
