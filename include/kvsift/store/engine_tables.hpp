@@ -111,12 +111,17 @@ inline void check_table(const flashinfer_table& t, std::string_view where) {
   detail::check_table(t, where);
   kv_mask m;
   m.entries = t.entries();
+  // entry s's block i (index i of t.indices): its first pool row and how many rows it holds
+  const auto first_row = [&](int i) {
+    return static_cast<std::int64_t>(t.indices[static_cast<std::size_t>(i)]) * t.page_size;
+  };
+  const auto rows_of = [&](int s, int i) {
+    return i + 1 == t.indptr[s + 1] ? t.last_page_len[static_cast<std::size_t>(s)] : t.page_size;
+  };
   // the highest row any entry reads, each checked against the pool first
   for (int s = 0; s < m.entries; ++s) {
     for (int i = t.indptr[s]; i < t.indptr[s + 1]; ++i) {
-      const bool last = i + 1 == t.indptr[s + 1];
-      const std::int64_t first_row = static_cast<std::int64_t>(t.indices[static_cast<std::size_t>(i)]) * t.page_size;
-      const std::int64_t end = first_row + (last ? t.last_page_len[static_cast<std::size_t>(s)] : t.page_size);
+      const std::int64_t end = first_row(i) + rows_of(s, i);
       require(end <= pool_rows, where, [i] { return "table.indices[" + std::to_string(i) + "]"; },
               t.indices[static_cast<std::size_t>(i)],
               [&] { return "a block inside the pool's " + std::to_string(pool_rows) + " rows"; });
@@ -129,10 +134,7 @@ inline void check_table(const flashinfer_table& t, std::string_view where) {
   for (int s = 0; s < m.entries; ++s) {
     float* row = m.mask.data() + static_cast<std::size_t>(s) * static_cast<std::size_t>(m.n_kv);
     for (int i = t.indptr[s]; i < t.indptr[s + 1]; ++i) {
-      const bool last = i + 1 == t.indptr[s + 1];
-      const std::int64_t first_row = static_cast<std::int64_t>(t.indices[static_cast<std::size_t>(i)]) * t.page_size;
-      const int rows = last ? t.last_page_len[static_cast<std::size_t>(s)] : t.page_size;
-      std::fill(row + first_row, row + first_row + rows, 0.0f);
+      std::fill(row + first_row(i), row + first_row(i) + rows_of(s, i), 0.0f);
     }
   }
   return m;
