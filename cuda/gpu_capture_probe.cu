@@ -281,7 +281,7 @@ TEST_CASE("every method's decode step captured in a CUDA graph equals the host",
     const auto p = kvsift_gpu_test::synckv_params(shape.layers);
     kvsift::store::tiered<float> hs(shape, requests, capacity);
     kvsift::thrust::tiered_store<float, E> ds(g.e, shape, requests, capacity, capacity);
-    report("synckv", probe<float, kvsift::synckv<float>, kvsift::synckv_on<float, E>>(
+    report("synckv", probe<float, kvsift::synckv<float>, kvsift::synckv<float, E>>(
                          hs, ds, g.e, g.engine, p, p, "synckv"));
   }
   {
@@ -289,7 +289,7 @@ TEST_CASE("every method's decode step captured in a CUDA graph equals the host",
     const auto p = kvsift_gpu_test::heterocache_params(shape.layers);
     kvsift::store::tiered<float> hs(shape, requests, capacity);
     kvsift::thrust::tiered_store<float, E> ds(g.e, shape, requests, capacity, capacity);
-    report("heterocache", probe<float, kvsift::heterocache<float>, kvsift::heterocache_on<float, E>>(
+    report("heterocache", probe<float, kvsift::heterocache<float>, kvsift::heterocache<float, E>>(
                               hs, ds, g.e, g.engine, p, p, "heterocache"));
   }
   {
@@ -297,7 +297,7 @@ TEST_CASE("every method's decode step captured in a CUDA graph equals the host",
     const auto p = kvsift_gpu_test::freekv_params();
     kvsift::store::tiered<float> hs(shape, requests, capacity, p.page_size);
     kvsift::thrust::tiered_store<float, E> ds(g.e, shape, requests, capacity, capacity);
-    report("freekv", probe<float, kvsift::freekv<float>, kvsift::freekv_on<float, E>>(
+    report("freekv", probe<float, kvsift::freekv<float>, kvsift::freekv<float, E>>(
                          hs, ds, g.e, g.engine, p, p, "freekv"));
   }
 }

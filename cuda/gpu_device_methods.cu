@@ -3,7 +3,7 @@
 // method (full KV, StreamingLLM, H2O, SnapKV, PyramidKV, Quest, LagKV, DynamicKV) as
 // method<thrust::dense_store<T, exec::cuda>, Recipe, exec::cuda>, the same device states the
 // CPU-only machine proves on exec::sim (tests/thrust/test_device_methods.cpp), and the two-tier
-// methods as synckv_on / heterocache_on / freekv_on<T, exec::cuda> over a thrust::tiered_store. Each runs a ragged batch of prompts and
+// methods as synckv / heterocache / freekv<T, exec::cuda> over a thrust::tiered_store. Each runs a ragged batch of prompts and
 // decode steps (a reset and a new prompt mid-way) beside the same method on exec::host over a
 // store::dense / store::tiered, and the test asserts identical plans (positions), attention
 // outputs within 2e-5 relative (as the exec::sim tests: the host's vectorised exp and CUDA's expf
@@ -195,7 +195,7 @@ TEST_CASE("SyncKV over GPU memory equals the host (exec::cuda)", "[cuda][device]
   const auto p = kvsift_gpu_test::synckv_params(shape.layers);
   kvsift::store::tiered<float> hs(shape, requests, capacity);
   kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
-  run_pair<float, kvsift::synckv<float>, kvsift::synckv_on<float, E>>(hs, ds, e, engine, p, p,
+  run_pair<float, kvsift::synckv<float>, kvsift::synckv<float, E>>(hs, ds, e, engine, p, p,
                                                                         "synckv");
 }
 
@@ -210,14 +210,14 @@ TEST_CASE("HeteroCache and FreeKV over GPU memory equal the host (exec::cuda)", 
     const auto p = kvsift_gpu_test::heterocache_params(shape.layers);
     kvsift::store::tiered<float> hs(shape, requests, capacity);
     kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
-    run_pair<float, kvsift::heterocache<float>, kvsift::heterocache_on<float, E>>(
+    run_pair<float, kvsift::heterocache<float>, kvsift::heterocache<float, E>>(
         hs, ds, e, engine, p, p, "heterocache");
   }
   {  // FreeKV: pages of 4, a budget of 8 pages (1 sink, 2 window), every layer sparse
     const auto p = kvsift_gpu_test::freekv_params();
     kvsift::store::tiered<float> hs(shape, requests, capacity, p.page_size);
     kvsift::thrust::tiered_store<float, E> ds(e, shape, requests, capacity, capacity);
-    run_pair<float, kvsift::freekv<float>, kvsift::freekv_on<float, E>>(hs, ds, e, engine, p, p,
+    run_pair<float, kvsift::freekv<float>, kvsift::freekv<float, E>>(hs, ds, e, engine, p, p,
                                                                         "freekv");
   }
 }

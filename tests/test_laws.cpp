@@ -639,3 +639,54 @@ TEST_CASE("README: a composition across papers (H2O scores, PyramidKV budgets)",
     }
   }
 }
+
+// The selectors' shape halves (host arithmetic that the device state reads too) agree with what
+// select() keeps: counts = |kept| per segment, shrinks, one_over, and partition_topk's frozen
+// prefixes and rounds; randomized lengths, budgets and frozen prefixes.
+TEST_CASE("selector shapes equal what select() keeps", "[laws][select][shape]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int segments = 1 + static_cast<int>(rng() % 5);
+    std::vector<int> lengths(segments), budgets(segments), frozen(segments);
+    for (int s = 0; s < segments; ++s) {
+      lengths[s] = static_cast<int>(rng() % 300);
+      budgets[s] = 12 + static_cast<int>(rng() % 300);
+      if (trial % 3 == 0) budgets[s] = std::max(12, lengths[s] - 1);  // one over: evict one
+      frozen[s] = static_cast<int>(rng() % (lengths[s] + 1));
+    }
+    kvsift::score_sets scores;
+    scores.resize(lengths);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& x : scores.values) x = u(rng);
+
+    const kvsift::select::topk top{{.sink = 4, .window = 2, .window_share = 0.25}};
+    kvsift::select::topk::shape ts;
+    top.shape_of(lengths, budgets, ts);
+    kvsift::index_sets kept;
+    top.select(scores, budgets, kept);
+    bool shrinks = false, one_over = true;
+    for (int s = 0; s < segments; ++s) {
+      CHECK(ts.counts[s] == kept.size(s));
+      CHECK(ts.counts[s] == std::min(budgets[s], lengths[s]));
+      CHECK(ts.windows[s] == (budgets[s] < lengths[s] ? top.window_for(budgets[s]) : 0));
+      shrinks = shrinks || kept.size(s) < lengths[s];
+      one_over = one_over && lengths[s] == budgets[s] + 1;
+    }
+    CHECK(ts.shrinks == shrinks);
+    CHECK(ts.one_over == one_over);
+
+    const kvsift::select::partition_topk part{{.sink = 3, .lag = 16, .keep_fraction = 0.25}};
+    kvsift::select::partition_topk::shape ps;
+    part.shape_of(lengths, frozen, ps);
+    std::vector<int> after = frozen;
+    const int rounds = part.select(scores, budgets, kept, std::span<int>(after));
+    CHECK(rounds == ps.rounds);
+    shrinks = false;
+    for (int s = 0; s < segments; ++s) {
+      CHECK(ps.counts[s] == kept.size(s));
+      CHECK(ps.frozen_after[s] == after[s]);
+      shrinks = shrinks || kept.size(s) < lengths[s];
+    }
+    CHECK(ps.shrinks == shrinks);
+  }
+}

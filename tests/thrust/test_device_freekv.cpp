@@ -132,10 +132,10 @@ void run_pair(std::uint32_t seed, int dense_layers) {
   kvsift::store::tiered<T> hs(shape, requests, host_capacity, page);
   kvsift::thrust::tiered_store<T, E> ds(e, shape, requests, host_capacity, tier_capacity);
   kvsift::freekv<T> hm(hs, params);
-  kvsift::freekv_on<T, E> dm(ds, params);
+  kvsift::freekv<T, E> dm(ds, params);
   const int H = shape.kv_heads, Q = shape.q_heads, d = shape.head_dim;
   using space = typename E::memory_space;
-  using dchunk = typename kvsift::freekv_on<T, E>::chunk_type;
+  using dchunk = typename kvsift::freekv<T, E>::chunk_type;
   drifting_queries queries(rng);
 
   // A prompt for request r: `n` tokens in 1-3 chunks; the chunks carry their newest queries,
@@ -275,7 +275,7 @@ struct single {
   kvsift::store::tiered<float> hs;
   kvsift::thrust::tiered_store<float, E> ds;
   kvsift::freekv<float> hm;
-  kvsift::freekv_on<float, E> dm;
+  kvsift::freekv<float, E> dm;
   std::mt19937 rng{5};
   std::vector<float> sk, sv, sq;
   buffer<float, E> skd{engine, 0}, svd{engine, 0}, sqd{engine, 0};
@@ -292,7 +292,7 @@ struct single {
                                                cview<float>::contiguous(v.data(), n, H, d),
                                                cview<float>::contiguous(q.data(), n, Q, d), 0,
                                                true});
-    dm.prefill(0, typename kvsift::freekv_on<float, E>::chunk_type{
+    dm.prefill(0, typename kvsift::freekv<float, E>::chunk_type{
                       0, cview<float, space>::contiguous(kd.device.data(), n, H, d),
                       cview<float, space>::contiguous(vd.device.data(), n, H, d),
                       cview<float, space>::contiguous(qd.device.data(), n, Q, d), 0, true});
@@ -432,7 +432,7 @@ TEMPLATE_LIST_TEST_CASE("device freekv: bad input throws and leaves the store un
   // a prompt chunk while a selection is pending
   buffer<float, E> kv(s.engine, static_cast<std::size_t>(4) * 16);
   const auto view = cview<float, space>::contiguous(kv.data(), 1, 4, 16);
-  const typename kvsift::freekv_on<float, E>::chunk_type chunk{0, view, view, {}, 100, true};
+  const typename kvsift::freekv<float, E>::chunk_type chunk{0, view, view, {}, 100, true};
   REQUIRE_THROWS_WITH(s.dm.prefill(0, chunk), Catch::Matchers::ContainsSubstring("reset it first"));
   // a request out of range, a layer out of range, a null query
   auto tok = s.device(2);
@@ -445,7 +445,7 @@ TEMPLATE_LIST_TEST_CASE("device freekv: bad input throws and leaves the store un
   // bad params: a budget below sink + window
   auto bad = p;
   bad.budget = 8;
-  REQUIRE_THROWS_WITH((kvsift::freekv_on<float, E>(s.ds, bad)),
+  REQUIRE_THROWS_WITH((kvsift::freekv<float, E>(s.ds, bad)),
                       Catch::Matchers::ContainsSubstring("budget"));
   CHECK(s.ds.resident_tokens() == resident);
   CHECK(s.ds.host_length(0, 0) == pool);
@@ -471,13 +471,13 @@ TEMPLATE_LIST_TEST_CASE("device freekv: no room in the device tier is refused up
   const E e{arena};
   constexpr model_shape one{.layers = 1, .q_heads = 8, .kv_heads = 4, .head_dim = 16};
   kvsift::thrust::tiered_store<float, E> ds(e, one, 1, 64, 24);
-  kvsift::freekv_on<float, E> dm(
+  kvsift::freekv<float, E> dm(
       ds, {.page_size = 4, .budget = 32, .sink = 4, .window = 8, .dense_layers = 0});
   using space = typename E::memory_space;
   buffer<float, E> kv(e, static_cast<std::size_t>(30) * 4 * 16);
   ::thrust::fill_n(e.policy(), kv.data(), kv.size(), 0.5f);
   // two chunks in one call: 20 tokens fit, 20 + 10 do not; the first is not appended either
-  using chunk = typename kvsift::freekv_on<float, E>::chunk_type;
+  using chunk = typename kvsift::freekv<float, E>::chunk_type;
   const auto v20 = cview<float, space>::contiguous(kv.data(), 20, 4, 16);
   const auto v10 = cview<float, space>::contiguous(kv.data(), 10, 4, 16);
   const std::vector<chunk> chunks{{0, v20, v20, {}, 0, false}, {0, v10, v10, {}, 20, true}};
@@ -496,13 +496,13 @@ TEMPLATE_LIST_TEST_CASE("device freekv: no room in the device tier is refused up
   ds.verify();
 }
 
-// The lead's integration path: device::staged_method runs freekv_on<T, E> behind the type-erased
+// The lead's integration path: device::staged_method runs freekv<T, E> behind the type-erased
 // interface (host arrays in, a host plan out) and answers as freekv<T> on exec::host does.
 TEST_CASE("device freekv: through device::staged_method, as on exec::host",
           "[thrust][method][freekv]") {
   using E = exec::sim_cpp;
   const auto p = params_of(1);
-  kvsift::device::staged_method<kvsift::freekv_on<float, E>> dm("freekv", shape, requests,
+  kvsift::device::staged_method<kvsift::freekv<float, E>> dm("freekv", shape, requests,
                                                                  host_capacity, p);
   kvsift::store::tiered<float> hs(shape, requests, host_capacity, page);
   kvsift::freekv<float> hm(hs, p);

@@ -140,10 +140,10 @@ void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
   kvsift::store::tiered<T> hs(shape, requests, host_capacity);
   kvsift::thrust::tiered_store<T, E> ds(e, shape, requests, host_capacity, tier_capacity);
   kvsift::heterocache<T> hm(hs, params);
-  kvsift::heterocache_on<T, E> dm(ds, params);
+  kvsift::heterocache<T, E> dm(ds, params);
   const int H = shape.kv_heads, Q = shape.q_heads, d = shape.head_dim;
   using space = typename E::memory_space;
-  using dchunk = typename kvsift::heterocache_on<T, E>::chunk_type;
+  using dchunk = typename kvsift::heterocache<T, E>::chunk_type;
 
   // A prompt for request r: `n` tokens in 1-3 chunks; the chunks carry their newest queries.
   const auto prefill = [&](int r, int n) {
@@ -284,7 +284,7 @@ struct one_layer {
   static constexpr model_shape one{.layers = 1, .q_heads = 8, .kv_heads = 4, .head_dim = 16};
   static constexpr int H = one.kv_heads, Q = one.q_heads, d = one.head_dim;
   using space = typename E::memory_space;
-  using device_method = kvsift::heterocache_on<float, E>;
+  using device_method = kvsift::heterocache<float, E>;
   sim_arena engine_arena, arena;
   E engine{engine_arena}, e{arena};
   std::mt19937 rng;

@@ -12,6 +12,7 @@
 //            or not, allocates nothing and reads nothing back (exec::sim's counters).
 // And: a recorded recall that is not installed leaves the followers' old (stale) rows.
 
+#include <kvsift/device/all.hpp>
 #include <kvsift/device/deferred_recall.hpp>
 #include <kvsift/method/synckv.hpp>
 #include <kvsift/store/tiered.hpp>
@@ -28,7 +29,18 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
+
+// One spelling per method for every exec: the alias over the default two-tier store in E's memory.
+static_assert(std::is_same_v<kvsift::synckv<float, kvsift::exec::sim_cpp>::store_type,
+                             kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp>>);
+static_assert(std::is_same_v<kvsift::heterocache<kvsift::bfloat16, kvsift::exec::sim_omp>::store_type,
+                             kvsift::thrust::tiered_store<kvsift::bfloat16, kvsift::exec::sim_omp>>);
+static_assert(std::is_same_v<kvsift::freekv<float, kvsift::exec::sim_cpp>::store_type,
+                             kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp>>);
+static_assert(std::is_same_v<kvsift::freekv<float>::store_type, kvsift::store::tiered<float>>);
+static_assert(std::is_same_v<kvsift::synckv<float>::exec_type, kvsift::exec::host>);
 
 namespace {
 
@@ -92,10 +104,10 @@ void run_pair(int stride, std::uint32_t seed,
   kvsift::store::tiered<T> hs(shape, requests, host_capacity);
   kvsift::thrust::tiered_store<T, E> ds(e, shape, requests, host_capacity, tier_capacity);
   kvsift::synckv<T> hm(hs, params);
-  kvsift::synckv_on<T, E> dm(ds, params);
+  kvsift::synckv<T, E> dm(ds, params);
   const int H = shape.kv_heads, Q = shape.q_heads, d = shape.head_dim;
   using space = typename E::memory_space;
-  using dchunk = typename kvsift::synckv_on<T, E>::chunk_type;
+  using dchunk = typename kvsift::synckv<T, E>::chunk_type;
 
   // A prompt for request r: `n` tokens in 1-3 chunks; the chunks carry their newest queries.
   const auto prefill = [&](int r, int n) {
@@ -264,7 +276,7 @@ TEMPLATE_LIST_TEST_CASE("device synckv: a recall not installed leaves stale rows
   kvsift::store::tiered<float> hs(one, 1, 128);
   kvsift::thrust::tiered_store<float, E> ds(e, one, 1, 128, 128);
   kvsift::synckv<float> hm(hs, p);
-  kvsift::synckv_on<float, E> dm(ds, p);
+  kvsift::synckv<float, E> dm(ds, p);
   std::mt19937 rng(5);
   const int H = one.kv_heads, Q = one.q_heads, d = one.head_dim, n = 64;
   using space = typename E::memory_space;
@@ -276,7 +288,7 @@ TEMPLATE_LIST_TEST_CASE("device synckv: a recall not installed leaves stale rows
                                              kvsift::kv_view<const float, nhd>::contiguous(v.data(), n, H, d),
                                              kvsift::kv_view<const float, nhd>::contiguous(q.data(), n, Q, d),
                                              0, true});
-  dm.prefill(0, typename kvsift::synckv_on<float, E>::chunk_type{
+  dm.prefill(0, typename kvsift::synckv<float, E>::chunk_type{
                     0, kvsift::kv_view<const float, nhd, space>::contiguous(kd.device.data(), n, H, d),
                     kvsift::kv_view<const float, nhd, space>::contiguous(vd.device.data(), n, H, d),
                     kvsift::kv_view<const float, nhd, space>::contiguous(qd.device.data(), n, Q, d), 0,
@@ -340,14 +352,14 @@ TEMPLATE_LIST_TEST_CASE("device synckv: no allocation or read-back in 120 decode
                                         .memory_fraction = 0.6, .roles = r1};
   const int steps = 120, n = 300;
   kvsift::thrust::tiered_store<float, E> ds(e, one, 1, n + steps, n + steps);
-  kvsift::synckv_on<float, E> m(ds, p);
+  kvsift::synckv<float, E> m(ds, p);
   std::mt19937 rng(9);
   const int H = one.kv_heads, Q = one.q_heads, d = one.head_dim;
   using space = typename E::memory_space;
   twin<float, E> k(engine, random_array<float>(rng, static_cast<std::size_t>(n) * H * d));
   twin<float, E> v(engine, random_array<float>(rng, k.host.size()));
   twin<float, E> q(engine, random_array<float>(rng, static_cast<std::size_t>(n) * Q * d));
-  m.prefill(0, typename kvsift::synckv_on<float, E>::chunk_type{
+  m.prefill(0, typename kvsift::synckv<float, E>::chunk_type{
                    0, kvsift::kv_view<const float, nhd, space>::contiguous(k.device.data(), n, H, d),
                    kvsift::kv_view<const float, nhd, space>::contiguous(v.device.data(), n, H, d),
                    kvsift::kv_view<const float, nhd, space>::contiguous(q.device.data(), n, Q, d), 0,

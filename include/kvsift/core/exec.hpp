@@ -44,4 +44,17 @@ struct host {
 template <class E, class S>
 inline constexpr bool runs_over = !E::host_visible || HostAccessible<S>;
 
+// The two-tier store a method names by default in E's memory (`kvsift::synckv<T, E>`,
+// `heterocache<T, E>`, `freekv<T, E>`): store::tiered<T> on exec::host (store/tiered.hpp),
+// thrust::tiered_store<T, E> on a device exec (thrust/tiered_store.hpp). One spelling per method
+// for every exec; the memory decides the store.
+template <class T, class E>
+struct default_tiered_store {
+  static_assert(sizeof(E) == 0,
+                "kvsift: no two-tier store in this exec's memory is declared; for a device exec "
+                "include <kvsift/device/all.hpp> (thrust::tiered_store)");
+};
+template <class T, class E>
+using default_tiered_store_t = typename default_tiered_store<T, E>::type;
+
 }  // namespace kvsift

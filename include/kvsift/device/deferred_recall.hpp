@@ -9,7 +9,7 @@
 //   kvsift::thrust::sim_arena arena;
 //   kvsift::exec::sim_cpp e{arena};
 //   kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp> st(e, shape, requests, 4096, 4096);
-//   kvsift::synckv_on<float, kvsift::exec::sim_cpp> m(st, params);   // synckv_recipe's params
+//   kvsift::synckv<float, kvsift::exec::sim_cpp> m(st, params);   // synckv_recipe's params
 //   m.prefill(layer, chunk);                 // chunk views in E's memory
 //   const auto& plan = m.decode(layer, tokens);   // thrust::device_plan (slots are tier slots)
 //   m.attend(layer, tokens, out);            // queries and out in E's memory
@@ -597,9 +597,5 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   std::vector<std::int64_t> seqs_;
   std::vector<int> counts_;
 };
-
-// SyncKV over a device two-tier store on a device exec.
-template <Element T, thrust::DeviceExec E>
-using synckv_on = method<thrust::tiered_store<T, E>, synckv_recipe, E>;
 
 }  // namespace kvsift

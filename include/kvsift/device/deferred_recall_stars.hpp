@@ -9,7 +9,7 @@
 //   kvsift::thrust::sim_arena arena;
 //   kvsift::exec::sim_cpp e{arena};
 //   kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp> st(e, shape, requests, 4096, 4096);
-//   kvsift::heterocache_on<float, kvsift::exec::sim_cpp> m(st, params);  // heterocache_recipe's
+//   kvsift::heterocache<float, kvsift::exec::sim_cpp> m(st, params);  // heterocache_recipe's
 //   m.prefill(layer, chunk);                 // chunk views in E's memory
 //   const auto& plan = m.decode(layer, tokens);   // thrust::device_plan (slots are tier slots)
 //   m.attend(layer, tokens, out);            // queries and out in E's memory
@@ -779,9 +779,5 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   std::vector<int> counts_;
   std::vector<std::int32_t> desc_host_, offsets_host_;
 };
-
-// HeteroCache over a device two-tier store on a device exec.
-template <Element T, thrust::DeviceExec E>
-using heterocache_on = method<thrust::tiered_store<T, E>, heterocache_recipe, E>;
 
 }  // namespace kvsift

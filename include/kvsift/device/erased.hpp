@@ -5,7 +5,7 @@
 //
 //   device::staged_method<M>       M = method<thrust::dense_store<T, E>, Recipe, E> (the one-tier
 //                                  methods) or a two-tier method over a thrust::tiered_store<T, E>
-//                                  (synckv_on, heterocache_on, freekv_on) on a device exec
+//                                  (synckv, heterocache, freekv) on a device exec
 //                                  (exec::sim_cpp / sim_omp; exec::cuda, cuda/exec.cuh, under
 //                                  nvcc), as an any_kv_method<T>: it owns its arena, its exec,
 //                                  its store and M; host inputs are staged into E memory, the
@@ -303,7 +303,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 // composition under that name) is not kept, so apply such wrappers to the result (as `kvsift
 // eval` gives SyncKV and HeteroCache their roles after choosing the exec). The one-tier ones
 // build their built-in composition (detail::visit_one_tier), SyncKV, HeteroCache and FreeKV
-// synckv_on / heterocache_on / freekv_on, over device memory on exec E, each method with its own
+// synckv / heterocache / freekv, over device memory on exec E, each method with its own
 // arena (staged_method); another entry (a user's own) throws kvsift::error when made.
 template <Element T, thrust::DeviceExec E>
 method_registry<T> method_registry_on(const method_registry<T>& base) {
@@ -322,19 +322,19 @@ method_registry<T> method_registry_on(const method_registry<T>& base) {
     } else if (name == "synckv") {
       e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
         require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
-        return std::make_unique<staged_method<synckv_on<T, E>>>(
+        return std::make_unique<staged_method<synckv<T, E>>>(
             name, c.shape, c.requests, c.capacity, kvsift::detail::synckv_params_of<T>(c));
       };
     } else if (name == "freekv") {
       e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
         require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
-        return std::make_unique<staged_method<freekv_on<T, E>>>(
+        return std::make_unique<staged_method<freekv<T, E>>>(
             name, c.shape, c.requests, c.capacity, kvsift::detail::freekv_params_of<T>(c));
       };
     } else if (name == "heterocache") {
       e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
         require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
-        return std::make_unique<staged_method<heterocache_on<T, E>>>(
+        return std::make_unique<staged_method<heterocache<T, E>>>(
             name, c.shape, c.requests, c.capacity, kvsift::detail::heterocache_params_of<T>(c));
       };
     } else {

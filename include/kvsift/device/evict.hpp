@@ -488,7 +488,7 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
       if constexpr (revises) keep_for_revision(shrinks);
       if (shrinks) st.retain(r, layer, counts_, kept_.data());
       if constexpr (partitions) {
-        for (int h = 0; h < H_; ++h) frozen_[seq0 + h] = new_frozen_[h];
+        for (int h = 0; h < H_; ++h) frozen_[seq0 + h] = part_shape_.frozen_after[h];
       }
     }
     refreshes_ += partitions ? rounds : 1;
@@ -542,63 +542,55 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
     }
   }
 
-  // select::topk's counts: min(budget, n) per head, the sink and the last window_for(budget)
-  // protected where the head is over its budget. Whether any head shrinks.
-  template <class M>
-  bool plan_topk(const M& m, std::size_t i, std::int64_t seq0) {
-    const auto& sel = m.parts().selector;
-    kept_host_.assign(1, 0);
-    counts_.clear();
-    windows_.clear();
-    bool shrinks = false;
-    one_over_ = true;
+  // The round's head lengths (from round_local_) and, for a freezing selector, frozen prefixes.
+  void head_lengths(std::int64_t seq0) {
+    head_lengths_.clear();
+    frozen_in_.clear();
     for (int h = 0; h < H_; ++h) {
-      const int n = m.store().length(seq0 + h);
-      const int b = firing_budgets_[i * H_ + h];
-      const int keep = std::min(b, n);
-      kept_host_.push_back(kept_host_.back() + keep);
-      counts_.push_back(keep);
-      windows_.push_back(b < n ? sel.window_for(b) : 0);
-      shrinks = shrinks || keep < n;
-      one_over_ = one_over_ && n == b + 1;
+      head_lengths_.push_back(round_local_[h + 1] - round_local_[h]);
+      frozen_in_.push_back(frozen_[seq0 + h]);
     }
-    return shrinks;
   }
 
-  // select::partition_topk's layout (its semantics: base = min(max(frozen, sink), n), P full
-  // partitions of [base, n); with P >= 2 the prefix, the top k of partitions 0..P-2 and the tail)
-  // on the host: the scored partitions (where each starts in the packed scores) and, per head,
-  // the kept CSR, base, tail, scored partitions and the first of them. Whether any head shrinks.
+  // select::topk's shape half (counts, protected windows) for request i's heads, and the kept
+  // CSR the device selection writes into. Whether any head shrinks.
+  template <class M>
+  bool plan_topk(const M& m, std::size_t i, std::int64_t seq0) {
+    head_lengths(seq0);
+    m.parts().selector.shape_of(head_lengths_, std::span<const int>(firing_budgets_).subspan(i * H_, H_),
+                                topk_shape_);
+    counts_ = topk_shape_.counts;
+    kept_host_.assign(1, 0);
+    for (const int c : counts_) kept_host_.push_back(kept_host_.back() + c);
+    return topk_shape_.shrinks;
+  }
+
+  // select::partition_topk's shape half (bases, partitions, counts, frozen prefixes after), then
+  // the device selection's descriptors from it: the scored partitions (where each starts in the
+  // packed scores) and, per head, the kept CSR, base, tail, scored partitions and the first of
+  // them. Whether any head shrinks.
   template <class M>
   bool plan_partitions(const M& m, std::int64_t seq0, int& rounds) {
     const auto& sel = m.parts().selector;
-    const int L = sel.p.lag, k = sel.keep_per_partition();
-    bases_.clear();
-    counts_.clear();
-    new_frozen_.clear();
+    const int L = sel.p.lag;
+    head_lengths(seq0);
+    sel.shape_of(head_lengths_, frozen_in_, part_shape_);
+    const auto& sh = part_shape_;
+    counts_ = sh.counts;
     part_src_host_.clear();
     head_desc_.assign(static_cast<std::size_t>(5 * H_ + 1), 0);  // kept CSR, base, tail, parts, first
-    bool shrinks = false;
-    rounds_here_ = false;
     for (int h = 0; h < H_; ++h) {
-      const int n = m.store().length(seq0 + h);
-      const int base = std::min(std::max(frozen_[seq0 + h], sel.p.sink), n);
-      const int P = (n - base) / L;
-      const int scored = P >= 2 ? P - 1 : 0;
-      bases_.push_back(base);
-      new_frozen_.push_back(scored > 0 ? base + scored * k : frozen_[seq0 + h]);
-      counts_.push_back(n - scored * (L - k));
-      head_desc_[h + 1] = head_desc_[h] + counts_.back();
-      head_desc_[H_ + 1 + h] = scored > 0 ? base : n;  // no partition: every slot is "prefix"
+      const int scored = sh.scored(h), base = sh.bases[h];
+      head_desc_[h + 1] = head_desc_[h] + counts_[h];
+      head_desc_[H_ + 1 + h] = scored > 0 ? base : head_lengths_[h];  // none scored: all "prefix"
       head_desc_[2 * H_ + 1 + h] = base + scored * L;
       head_desc_[3 * H_ + 1 + h] = scored;
       head_desc_[4 * H_ + 1 + h] = static_cast<int>(part_src_host_.size());
       for (int p = 0; p < scored; ++p) part_src_host_.push_back(round_local_[h] + base + p * L);
-      rounds = std::max(rounds, scored);
-      rounds_here_ = rounds_here_ || scored > 0;
-      shrinks = shrinks || counts_.back() < n;
     }
-    return shrinks;
+    rounds = std::max(rounds, sh.rounds);
+    rounds_here_ = sh.rounds > 0;
+    return sh.shrinks;
   }
 
   // The round's scores into scores_ (packed by round_offsets_): H2O's running scores during
@@ -626,7 +618,7 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
       thrust::copy_to_device(exec_, std::span<const std::int32_t>(&first, 1), query_first_);
     }
     if constexpr (partitions) {
-      thrust::copy_to_device(exec_, std::span<const std::int32_t>(bases_), base_);
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(part_shape_.bases), base_);
     }
     const auto [k, v] = rows_of(m, r, layer, round_offsets_.data());
     const thrust::round_input<T> in{k, v, N, nq > 0 ? history_.newest(slot, nq) : nullptr,
@@ -671,9 +663,9 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
       const auto& sel = m.parts().selector;
       const std::int64_t total = kept_host_.back();
       thrust::copy_to_device(exec_, std::span<const std::int32_t>(kept_host_), kept_offsets_);
-      thrust::copy_to_device(exec_, std::span<const std::int32_t>(windows_), window_);
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(topk_shape_.windows), window_);
       const thrust::topk_protection protect{sel.p.sink, window_.data()};
-      if (one_over_) {  // each head drops its worst unprotected slot: no sort
+      if (topk_shape_.one_over) {  // each head drops its worst unprotected slot: no sort
         thrust::segmented_evict_one(policy, scores_.data(), round_offsets_.data(), H_,
                                     kept_offsets_.data(), total, kept_.data(), victims_.data(),
                                     protect);
@@ -701,15 +693,17 @@ class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
   thrust::buffer<float, E> weights_, observe_out_;  // H2O's observe: the step's attention
   // host scratch (shapes)
   std::vector<std::int32_t> round_local_, kept_host_;     // a round's
-  std::vector<std::int32_t> bases_, part_src_host_, head_desc_;
-  std::vector<int> new_frozen_;
+  std::vector<std::int32_t> part_src_host_, head_desc_;
+  std::vector<int> head_lengths_, frozen_in_;  // a firing request's heads
+  select::topk::shape topk_shape_;            // the selector's shape half of the round
+  select::partition_topk::shape part_shape_;
   // a progressive budgeter's view of a round, on the host, and its orders
   std::vector<int> round_sizes_, kept_sizes_;
   std::vector<float> round_scores_host_;
   std::vector<std::int32_t> round_kept_host_;
   std::vector<budget_revision> revisions_;
-  bool one_over_ = false, rounds_here_ = false;
-  std::vector<int> counts_, windows_, lengths_, budgets_, firing_, firing_budgets_,
+  bool rounds_here_ = false;
+  std::vector<int> counts_, lengths_, budgets_, firing_, firing_budgets_,
       batch_requests_;
 };
 

@@ -8,7 +8,7 @@
 //   kvsift::thrust::sim_arena arena;
 //   kvsift::exec::sim_cpp e{arena};
 //   kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp> st(e, shape, requests, 4096, 4096);
-//   kvsift::freekv_on<float, kvsift::exec::sim_cpp> m(st, params);   // freekv_recipe's params
+//   kvsift::freekv<float, kvsift::exec::sim_cpp> m(st, params);   // freekv_recipe's params
 //   m.prefill(layer, chunk);                 // chunk views in E's memory
 //   const auto& plan = m.decode(layer, tokens);   // thrust::device_plan (slots are tier slots)
 //   m.attend(layer, tokens, out);            // queries and out in E's memory
@@ -576,9 +576,5 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
   std::vector<std::int32_t> page_offsets_host_;
   mutable std::vector<std::uint8_t> corrections_host_;
 };
-
-// FreeKV over a device two-tier store on a device exec.
-template <Element T, thrust::DeviceExec E>
-using freekv_on = method<thrust::tiered_store<T, E>, freekv_recipe, E>;
 
 }  // namespace kvsift

@@ -99,8 +99,11 @@ struct freekv_recipe {
   }
 };
 
-template <Element T>
-using freekv = method<store::tiered<T>, freekv_recipe, exec::host>;
+// The method over the default two-tier store in E's memory (store::tiered<T> on exec::host,
+// thrust::tiered_store<T, E> on a device exec with <kvsift/device/all.hpp>): one spelling for
+// every exec.
+template <Element T, Exec E = exec::host>
+using freekv = method<default_tiered_store_t<T, E>, freekv_recipe, E>;
 
 // FreeKV's parameters for a budget of `budget` tokens per KV head: B rounded down to whole pages
 // of p, sink = window = B/4 rounded down to whole pages (the paper's 512 of 2048), at least one

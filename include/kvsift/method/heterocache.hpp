@@ -144,7 +144,10 @@ struct heterocache_recipe {
   };
 };
 
+// The method over the default two-tier store in E's memory (store::tiered<T> on exec::host,
+// thrust::tiered_store<T, E> on a device exec with <kvsift/device/all.hpp>): one spelling for
+// every exec.
 template <Element T, Exec E = exec::host>
-using heterocache = method<store::tiered<T>, heterocache_recipe, E>;
+using heterocache = method<default_tiered_store_t<T, E>, heterocache_recipe, E>;
 
 }  // namespace kvsift

@@ -137,8 +137,11 @@ struct synckv_recipe {
   };
 };
 
+// The method over the default two-tier store in E's memory (store::tiered<T> on exec::host,
+// thrust::tiered_store<T, E> on a device exec with <kvsift/device/all.hpp>): one spelling for
+// every exec.
 template <Element T, Exec E = exec::host>
-using synckv = method<store::tiered<T>, synckv_recipe, E>;
+using synckv = method<default_tiered_store_t<T, E>, synckv_recipe, E>;
 
 // Per-layer cluster roles from a head-roles file (calibrate::synckv_roles, or any type whose
 // `layers[l]` has `assign` and `representatives`), for synckv<T>::params::roles.

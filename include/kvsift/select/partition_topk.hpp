@@ -55,6 +55,39 @@ struct partition_topk {
             "in (0, 1] with floor(keep_fraction * lag) >= 1 (lag " + std::to_string(p.lag) + ")");
   }
 
+  // The shape half of a round: each segment's layout from its length n and frozen prefix F alone
+  // (host arithmetic, the same for every exec: select() below and the device state's descriptors
+  // read it). bases[s] = min(max(F, sink), n); parts[s] = floor((n - base) / lag) full
+  // partitions; scored(s) = parts - 1 of them compressed where parts >= 2 (else none);
+  // counts[s] = n - scored(s) (lag - k) kept; frozen_after[s] = base + scored(s) k where a
+  // partition is scored (else F); rounds = max scored(s), the recursion's rounds the call runs.
+  struct shape {
+    std::vector<int> bases, parts, counts, frozen_after;
+    int rounds = 0;
+    bool shrinks = false;  // some segment keeps fewer slots than it has
+    [[nodiscard]] int scored(std::size_t s) const { return parts[s] >= 2 ? parts[s] - 1 : 0; }
+  };
+  void shape_of(std::span<const int> lengths, std::span<const int> frozen, shape& out) const {
+    const int L = p.lag, k = keep_per_partition();
+    const std::size_t S = lengths.size();
+    out.bases.resize(S);
+    out.parts.resize(S);
+    out.counts.resize(S);
+    out.frozen_after.resize(S);
+    out.rounds = 0;
+    out.shrinks = false;
+    for (std::size_t s = 0; s < S; ++s) {
+      const int n = lengths[s];
+      out.bases[s] = std::min(std::max(frozen[s], p.sink), n);
+      out.parts[s] = (n - out.bases[s]) / L;
+      const int scored = out.scored(s);
+      out.counts[s] = n - scored * (L - k);
+      out.frozen_after[s] = scored > 0 ? out.bases[s] + scored * k : frozen[s];
+      out.rounds = std::max(out.rounds, scored);
+      out.shrinks = out.shrinks || out.counts[s] < n;
+    }
+  }
+
   void select(const score_sets& scores, std::span<const int> budgets, index_sets& kept) const {
     std::vector<int> frozen(static_cast<std::size_t>(scores.segments()), 0);
     (void)select(scores, budgets, kept, std::span<int>(frozen));
@@ -69,20 +102,16 @@ struct partition_topk {
             "one frozen prefix per segment (" + std::to_string(scores.segments()) + ")");
     const int L = p.lag;
     const int k = keep_per_partition();
-    std::vector<int> sizes(static_cast<std::size_t>(scores.segments()));
-    std::vector<int> bases(sizes.size()), parts(sizes.size());
-    int rounds = 0;
-    for (int s = 0; s < scores.segments(); ++s) {
-      const int n = scores.size(s);
-      bases[s] = std::min(std::max(frozen[s], p.sink), n);
-      parts[s] = (n - bases[s]) / L;
-      sizes[s] = parts[s] >= 2 ? n - (parts[s] - 1) * (L - k) : n;
-      rounds = std::max(rounds, parts[s] >= 2 ? parts[s] - 1 : 0);
-    }
+    std::vector<int> lengths(static_cast<std::size_t>(scores.segments()));
+    for (int s = 0; s < scores.segments(); ++s) lengths[s] = scores.size(s);
+    shape sh;
+    shape_of(lengths, frozen, sh);
+    const auto& bases = sh.bases;
+    const auto& parts = sh.parts;
     validate_not_nan(
         scores, [&](int s) { return bases[s]; },
         [&](int s) { return parts[s] >= 2 ? bases[s] + (parts[s] - 1) * L : 0; }, where, "scores");
-    kept.resize(sizes);
+    kept.resize(sh.counts);
     cpu::parallel_for(scores.segments(), [&](std::int64_t s64) {
       const int s = static_cast<int>(s64);
       const int n = scores.size(s);
@@ -102,10 +131,8 @@ struct partition_topk {
       for (int j = tail; j < n; ++j) picked.push_back(j);
       std::copy(picked.begin(), picked.end(), out.begin());
     });
-    for (int s = 0; s < scores.segments(); ++s) {
-      if (parts[s] >= 2) frozen[s] = bases[s] + (parts[s] - 1) * k;
-    }
-    return rounds;
+    std::copy(sh.frozen_after.begin(), sh.frozen_after.end(), frozen.begin());
+    return sh.rounds;
   }
 };
 static_assert(Selector<partition_topk>);

@@ -74,12 +74,40 @@ struct topk {
     }
   }
 
+  // The shape half of a round: what each segment keeps, from its length and budget alone (host
+  // arithmetic, the same for every exec: select() below and the device state's
+  // thrust::segmented_topk read it). counts[s] = min(B, n); windows[s] the protected recent
+  // window where the segment is over its budget (0 where it keeps everything).
+  struct shape {
+    std::vector<int> counts, windows;
+    bool shrinks = false;   // some segment keeps fewer slots than it has
+    bool one_over = false;  // every segment is exactly one over its budget: each drops one slot
+  };
+  void shape_of(std::span<const int> lengths, std::span<const int> budgets, shape& out) const {
+    out.counts.resize(lengths.size());
+    out.windows.resize(lengths.size());
+    out.shrinks = false;
+    out.one_over = !lengths.empty();
+    for (std::size_t s = 0; s < lengths.size(); ++s) {
+      const int n = lengths[s], b = budgets[s];
+      out.counts[s] = std::min(b, n);
+      out.windows[s] = b < n ? window_for(b) : 0;
+      out.shrinks = out.shrinks || b < n;
+      out.one_over = out.one_over && n == b + 1;
+    }
+  }
+
   void select(const score_sets& scores, std::span<const int> budgets, index_sets& kept) const {
     check(scores, budgets);
-    thread_local std::vector<int> sizes;  // scratch: nothing allocated once warm
-    sizes.resize(static_cast<std::size_t>(scores.segments()));
-    for (int s = 0; s < scores.segments(); ++s) sizes[s] = std::min(budgets[s], scores.size(s));
-    kept.resize(sizes);
+    // scratch, nothing allocated once warm; `sh` names the calling thread's, which the pool's
+    // threads read below (a thread_local named inside the lambda would be each thread's own)
+    thread_local shape scratch;
+    thread_local std::vector<int> lengths;
+    shape& sh = scratch;
+    lengths.resize(static_cast<std::size_t>(scores.segments()));
+    for (int s = 0; s < scores.segments(); ++s) lengths[s] = scores.size(s);
+    shape_of(lengths, budgets, sh);
+    kept.resize(sh.counts);
     cpu::parallel_for(scores.segments(), [&](std::int64_t s64) {
       const int s = static_cast<int>(s64);
       const int n = scores.size(s);
@@ -89,7 +117,7 @@ struct topk {
         std::iota(out.begin(), out.end(), 0);
         return;
       }
-      const int w = window_for(b);
+      const int w = sh.windows[s];
       // the sink, the top of the tokens between, the window: b slots, ascending (b >= sink + w)
       std::iota(out.begin(), out.begin() + p.sink, 0);
       cpu::topk_range(scores[s], p.sink, n - w, b - p.sink - w, out.subspan(p.sink, b - p.sink - w));

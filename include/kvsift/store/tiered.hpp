@@ -34,6 +34,7 @@
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
+#include <kvsift/core/exec.hpp>
 #include <kvsift/core/kv_memory.hpp>
 #include <kvsift/core/segments.hpp>
 #include <kvsift/core/shape.hpp>
@@ -600,3 +601,10 @@ static_assert(KvStore<tiered<half>>);
 static_assert(KvStore<tiered<bfloat16>>);
 
 }  // namespace kvsift::store
+
+namespace kvsift {
+template <class T>
+struct default_tiered_store<T, exec::host> {
+  using type = store::tiered<T>;
+};
+}  // namespace kvsift

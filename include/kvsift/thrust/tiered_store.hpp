@@ -1102,3 +1102,10 @@ class tiered_store {
 };
 
 }  // namespace kvsift::thrust
+
+namespace kvsift {
+template <class T, thrust::DeviceExec E>
+struct default_tiered_store<T, E> {
+  using type = thrust::tiered_store<T, E>;
+};
+}  // namespace kvsift
