@@ -7,6 +7,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -126,6 +127,74 @@ TEST_CASE("method.reset frees a request slot for a new prompt in a continuous ba
   for (int l = 0; l < 2; ++l) {
     for (int h = 0; h < 2; ++h) {
       REQUIRE(positions_of_request(reused, 1, l, h) == positions_of_request(fresh, 1, l, h));
+    }
+  }
+}
+
+// method_registry_paged: the one-tier methods over store::paged keep the same tokens as over
+// store::dense, and the store holds only the pages its kept tokens need after the prompt's round
+// (stats().pages), which is what `kvsift eval --store paged` reports.
+TEST_CASE("method_registry_paged: the same kept tokens, the pages they need", "[store][paged][registry]") {
+  const kvsift::model_shape sh{2, 4, 2, 16};
+  const int n = 200, page = 16;
+  std::vector<float> k(static_cast<std::size_t>(n) * sh.kv_heads * sh.head_dim), v(k.size()),
+      q(static_cast<std::size_t>(n) * sh.q_heads * sh.head_dim);
+  unsigned x = 12345;
+  for (auto* a : {&k, &v, &q}) {
+    for (float& e : *a) {
+      x = x * 1664525u + 1013904223u;
+      e = static_cast<float>(x >> 8) / static_cast<float>(1u << 24) - 0.5f;
+    }
+  }
+  kvsift::method_config c;
+  c.shape = sh;
+  c.capacity = n + 8;
+  c.prompt_len = n;
+  c.budget = 50;
+  c.options["lag"] = 32;
+  c.options["sink"] = 4;
+  const auto& dense = kvsift::default_method_registry<float>();
+  const auto paged = kvsift::method_registry_paged<float>(dense, page);
+  REQUIRE_THROWS_AS(kvsift::method_registry_paged<float>(dense, 0), kvsift::error);
+  REQUIRE(paged.names() == dense.names());
+  for (const auto& name : kvsift::method_names()) {
+    auto a = dense.make(name, c);
+    auto b = paged.make(name, c);
+    using view = kvsift::kv_view<const float, kvsift::nhd>;
+    const kvsift::prefill_chunk<float> ch{.request = 0,
+                                          .keys = view::contiguous(k.data(), n, sh.kv_heads, sh.head_dim),
+                                          .values = view::contiguous(v.data(), n, sh.kv_heads, sh.head_dim),
+                                          .queries = view::contiguous(q.data(), n, sh.q_heads, sh.head_dim),
+                                          .first_position = 0,
+                                          .last = true};
+    std::int64_t need = 0;
+    for (int l = 0; l < sh.layers; ++l) {
+      a->prefill(l, std::span<const kvsift::prefill_chunk<float>>(&ch, 1));
+      b->prefill(l, std::span<const kvsift::prefill_chunk<float>>(&ch, 1));
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto seq = sh.sequence(0, l, h);
+        REQUIRE(a->length(seq) == b->length(seq));
+        std::vector<std::int32_t> pa, pb;
+        for (int j = 0; j < a->length(seq); ++j) pa.push_back(a->position(seq, j));
+        for (int j = 0; j < b->length(seq); ++j) pb.push_back(b->position(seq, j));
+        std::sort(pa.begin(), pa.end());
+        std::sort(pb.begin(), pb.end());
+        CHECK(pa == pb);
+      }
+    }
+    for (int l = 0; l < sh.layers; ++l) {  // after every layer: DynamicKV revises earlier layers
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto seq = sh.sequence(0, l, h);
+        CHECK(a->length(seq) == b->length(seq));
+        need += (b->length(seq) + page - 1) / page;
+      }
+    }
+    INFO(name);
+    CHECK(a->stats().pages == -1);
+    CHECK(b->stats().page_size == page);
+    CHECK(b->stats().pages == need);
+    if (name != "full_kv" && name != "quest") {
+      CHECK(need < static_cast<std::int64_t>(sh.layers) * sh.kv_heads * ((n + page - 1) / page));
     }
   }
 }

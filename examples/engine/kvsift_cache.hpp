@@ -40,6 +40,7 @@
 #include <kvsift/method/any_method.hpp>
 #include <kvsift/store/dense.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -136,6 +137,9 @@ class kvsift_cache : public kv_cache {
     full_tokens_ = 0;
     engine_kernel_steps_ = 0;
     prompt_resident_bytes_ = 0;
+    const auto st = method_->stats();
+    page_size_ = st.pages >= 0 ? st.page_size : 0;
+    peak_pages_ = st.pages;
   }
 
   void prefill(int layer, int n, std::span<const float> k_rot, std::span<const float> v,
@@ -150,7 +154,14 @@ class kvsift_cache : public kv_cache {
         .queries = view::contiguous(q_rot.data(), n, shape_.num_q_heads, d),
         .first_position = 0,
         .last = true};
+    // a paged store takes the chunk's pages before the round frees any: the call's peak is the
+    // pages held before it plus ceil(n / page) per KV head (the layer's sequences start empty)
+    const std::int64_t before = page_size_ > 0 ? method_->stats().pages : -1;
     method_->prefill(layer, std::span<const prefill_chunk<float>>(&chunk, 1));
+    if (page_size_ > 0) {
+      note_pages(before + static_cast<std::int64_t>(kvh) * ((n + page_size_ - 1) / page_size_));
+      note_pages(method_->stats().pages);
+    }
     if (layer == shape_.num_layers - 1) prompt_resident_bytes_ = method_->resident_bytes();
   }
 
@@ -163,6 +174,7 @@ class kvsift_cache : public kv_cache {
                                   .value = v.data()};
     const std::span<const decode_token<float>> toks(&tok, 1);
     plan_ = &method_->decode(layer, toks);
+    if (page_size_ > 0) note_pages(method_->stats().pages);  // the token appended, none evicted yet
     attended_tokens_ += static_cast<std::int64_t>(plan_->slots.values.size());
     full_tokens_ += static_cast<std::int64_t>(position + 1) * shape_.num_kv_heads;
     const auto ms = method_->shape();
@@ -222,6 +234,10 @@ class kvsift_cache : public kv_cache {
   // full cache would have read (the share of KV a step reads: Quest's saving).
   [[nodiscard]] std::int64_t attended_tokens() const { return attended_tokens_; }
   [[nodiscard]] std::int64_t full_attended_tokens() const { return full_tokens_; }
+  // A paged store's most pages held at once since the sequence started (-1: the store is not
+  // paged), and its page size (0: not paged).
+  [[nodiscard]] std::int64_t peak_pages() const { return peak_pages_; }
+  [[nodiscard]] int page_size() const { return page_size_; }
 
  private:
   std::string name_;
@@ -239,6 +255,10 @@ class kvsift_cache : public kv_cache {
   std::int64_t full_tokens_ = 0;
   std::int64_t engine_kernel_steps_ = 0;
   std::int64_t prompt_resident_bytes_ = 0;
+  int page_size_ = 0;
+  std::int64_t peak_pages_ = -1;
+
+  void note_pages(std::int64_t pages) { peak_pages_ = std::max(peak_pages_, pages); }
 };
 
 // A user's own composition M = kvsift::method<cache_store, ...>: `params(shape)` gives its

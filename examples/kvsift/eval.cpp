@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -52,6 +53,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #ifndef KVSIFT_SOURCE_DIR
@@ -215,6 +217,9 @@ struct config {
   std::vector<int> bytes_right;  // per prompt: answer bytes 1.. right under teacher forcing
   std::vector<int> bytes_scored; // per prompt: answer bytes 1.. (len(answer) - 1)
   std::vector<std::vector<double>> layer_resident;  // per prompt: [layers] resident KV share
+  std::vector<std::int64_t> peak_pages;  // per prompt (paged store): most pages held at once
+  std::vector<std::int64_t> full_pages;  // per prompt (paged store): a full cache's pages at the end
+  std::string store;  // the store the method ran over: dense, paged or tiered
   std::string error;  // set when the method could not run (e.g. budget below its window)
   // The registry the cache looks its name up in (the default one plus this model's head roles);
   // shared so it outlives the cache's factory.
@@ -703,6 +708,26 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
     std::printf("(per prompt, mean: bytes the method's transfer moved host -> device; decode\n"
                 "steps that waited for a recall; methods that moved nothing are not listed)\n");
   }
+  // a paged store's pages: the most held at once against a full cache's on the same prompts
+  bool any_pages = false;
+  for (const auto& c : configs) any_pages = any_pages || (c.error.empty() && !c.peak_pages.empty());
+  if (any_pages) {
+    std::printf("\n%-14s %6s %12s %12s %8s\n", "method", "budget", "peak pages", "full pages",
+                "share");
+    for (const auto& c : configs) {
+      if (!c.error.empty() || c.peak_pages.empty()) continue;
+      std::int64_t peak = 0, full = 0;
+      for (std::size_t i = 0; i < c.peak_pages.size(); ++i) {
+        peak += c.peak_pages[i];
+        full += c.full_pages[i];
+      }
+      std::printf("%-14s %6s %12lld %12lld %7.1f%%\n", c.method.c_str(),
+                  budget_label(c.budget).c_str(), static_cast<long long>(peak),
+                  static_cast<long long>(full), full > 0 ? 100.0 * peak / full : 0.0);
+    }
+    std::printf("(store::paged, summed over the prompts: the most pages each held at once, the\n"
+                "prefill's pages before its round frees any included; a full cache's at the end)\n");
+  }
   if (verbose) {
     // per layer: resident KV share after the prompt, and attention-output error
     std::printf("\nper layer (--verbose): resident KV share after the prompt | attention-output "
@@ -788,6 +813,7 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
     nlohmann::json r;
     r["method"] = c.method;
     r["budget"] = c.budget;
+    r["store"] = c.store;
     if (!c.error.empty()) {
       r["error"] = c.error;
       j["runs"].push_back(r);
@@ -804,6 +830,15 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
     r["kl_mean"] = mean_fid(c, [](const fidelity& f) { return f.kl_mean; });
     r["fidelity_steps"] = mean_fid(c, [](const fidelity& f) { return f.steps; });
     r["layer_resident_kv"] = mean_layers(c.layer_resident);
+    if (!c.peak_pages.empty()) {  // summed over the prompts, each run on its own
+      std::int64_t peak = 0, full = 0;
+      for (std::size_t i = 0; i < c.peak_pages.size(); ++i) {
+        peak += c.peak_pages[i];
+        full += c.full_pages[i];
+      }
+      r["peak_pages"] = peak;
+      r["full_pages"] = full;
+    }
     for (const char* task : {"passkey", "chain"}) {
       const auto all = numbers(c, task, 0);
       if (all.n == 0) continue;
@@ -838,6 +873,10 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
       it["bytes_right_tf"] = c.bytes_right[i];
       it["bytes_scored_tf"] = c.bytes_scored[i];
       it["layer_resident_kv"] = c.layer_resident[i];
+      if (i < c.peak_pages.size()) {
+        it["peak_pages"] = c.peak_pages[i];
+        it["full_pages"] = c.full_pages[i];
+      }
       const auto& f = c.fid[i];
       it["attention_error"] = f.att_err;
       it["attention_error_by_layer"] = f.layer_err;
@@ -1008,6 +1047,8 @@ struct run_options {
   ex::attention_kernel kernel = ex::attention_kernel::library;
   std::string kernel_name;
   std::string exec = "host";  // --exec: registry_on_exec (exec_choice.hpp)
+  std::string store = "dense";  // --store: the one-tier methods' store (dense or paged)
+  int page_size = 16;           // --page-size: tokens per page of --store paged
   bool verbose = false;  // per-layer table
 };
 
@@ -1115,7 +1156,12 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
   const auto on_exec = registry_on_exec(
       o.exec, std::shared_ptr<const method_registry<float>>(&default_method_registry<float>(),
                                                             [](const method_registry<float>*) {}));
-  const auto registry = registry_with_roles(jb.model_dir, o, model.config(), *on_exec);
+  std::shared_ptr<const method_registry<float>> on_store = on_exec;
+  if (o.store == "paged") {
+    on_store = std::make_shared<const method_registry<float>>(
+        method_registry_paged<float>(*on_exec, o.page_size));
+  }
+  const auto registry = registry_with_roles(jb.model_dir, o, model.config(), *on_store);
   std::vector<premise_stats> premise = premise_setup(jb.model_dir, o, model.config());
   for (const auto& m : o.methods) {
     for (double b : o.budgets) {
@@ -1123,6 +1169,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
       c.method = m;
       c.budget = b;
       c.registry = registry;
+      c.store = detail::is_one_tier_method(m) ? o.store : "tiered";
       c.cache = std::make_unique<ex::kvsift_cache>(  // throws for an unknown name
           m, b, ex::cache_options{.keep_fraction = std::nullopt, .roles_file = o.roles_file,
                                  .match_resident = o.match_resident, .registry = registry.get()});
@@ -1183,6 +1230,13 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
           c.notes.push_back(c.cache->parameter_note());
           c.recalled.push_back(static_cast<double>(c.cache->stats().bytes_transferred));
           c.stalls.push_back(static_cast<double>(c.cache->stats().stalls));
+          if (c.cache->page_size() > 0) {  // a full cache's pages at the end: prompt + decoded
+            const std::int64_t P = c.cache->page_size();
+            const std::int64_t tokens = r.prompt_len + r.decode_steps;
+            c.peak_pages.push_back(c.cache->peak_pages());
+            c.full_pages.push_back(static_cast<std::int64_t>(cfg.num_layers) * cfg.num_kv_heads *
+                                   ((tokens + P - 1) / P));
+          }
           // per-byte accuracy under teacher forcing: an exact greedy answer is the teacher-
           // forced path itself (every byte right); otherwise a second decode feeds the answer
           const int scored = std::max(0, n_new - 1);
@@ -1206,6 +1260,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
   if (json || keep_json) {
     j = to_json(jb.model_dir, o.kernel_name, match, jb.files, configs, contexts);
     j["exec"] = o.exec;
+    j["store"] = o.store;
     if (!premise.empty()) j["premise"] = premise_json(premise);
     if (json) return j;
   }
@@ -1235,7 +1290,7 @@ int eval(const std::vector<std::string>& args) {
         "                   [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE]\n"
         "                   [--json] [--json-out FILE] [--plot FILE.svg] [--limit N]\n"
         "                   [--kernel library|engine] [--exec host|thrust-cpp|thrust-omp]\n"
-        "                   [--verbose]\n"
+        "                   [--store dense|paged] [--page-size P] [--verbose]\n"
         "  defaults: both shipped models, each on its shipped prompts (protocol v2: the answer's\n"
         "  separator space ends the prompt): data/tiny-recall on\n"
         "  data/eval/{passkey,chain}.jsonl (12 + 12) and data/recall-8kv on the first 12 of\n"
@@ -1256,6 +1311,12 @@ int eval(const std::vector<std::string>& args) {
         "  --exec thrust-cpp|thrust-omp: the methods run over device memory on a simulated device\n"
         "  (Thrust's CPP or OMP system; every method); answers and resident shares equal\n"
         "  --exec host's.\n"
+        "  --store paged: the one-tier methods run over store::paged (pages of --page-size\n"
+        "  tokens, default 16, one pool per method), so an eviction frees whole pages; the\n"
+        "  pages table and the JSON give the most pages held at once (peak_pages) against a\n"
+        "  full cache's pages on the same prompts (full_pages). SyncKV, HeteroCache and FreeKV\n"
+        "  run over their two-tier store (store::tiered) whatever --store says; the JSON names\n"
+        "  each run's store. Host exec only (no paged store in device memory yet).\n"
         "  Fidelity (table and JSON): each prompt is also decoded through the engine's full_cache;\n"
         "  att.err is the relative L2 error of each layer's attention output against it (mean over\n"
         "  layers and over the decode steps whose tokens so far equal the full cache's), KL the\n"
@@ -1273,11 +1334,11 @@ int eval(const std::vector<std::string>& args) {
   static const std::set<std::string> known = {"--model", "--prompts", "--methods", "--budgets",
                                               "--json",  "--plot",    "--limit",   "--kernel",
                                               "--match", "--roles",   "--verbose", "--json-out",
-                                              "--exec"};
+                                              "--exec",  "--store", "--page-size"};
   for (std::size_t i = 0; i < args.size(); ++i) {
     require(known.count(args[i]) > 0, "kvsift eval", "argument", args[i],
             "one of --model --prompts --methods --budgets --match --roles --json --json-out --plot "
-            "--limit --kernel --exec --verbose");
+            "--limit --kernel --exec --store --page-size --verbose");
     if (args[i] != "--json" && args[i] != "--verbose") {
       require(i + 1 < args.size(), "kvsift eval", args[i], "missing", "a value");
       ++i;
@@ -1308,6 +1369,20 @@ int eval(const std::vector<std::string>& args) {
                                        : ex::attention_kernel::library;
   o.exec = option(args, "--exec", "host");
   (void)registry_on_exec(o.exec, std::make_shared<const method_registry<float>>());  // names checked first
+  o.store = option(args, "--store", "dense");
+  require(o.store == "dense" || o.store == "paged", "kvsift eval", "--store", o.store,
+          "dense (one capacity per head-sequence) or paged (store::paged: pages freed on eviction); "
+          "the two-tier methods always run over their tiered store");
+  require(o.store == "dense" || o.exec == "host", "kvsift eval", "--store", o.store,
+          "dense with --exec " + o.exec + ": there is no paged store in device memory yet");
+  {
+    const std::string ps = option(args, "--page-size", "16");
+    int v = 0;
+    const auto r = std::from_chars(ps.data(), ps.data() + ps.size(), v);
+    require(r.ec == std::errc() && r.ptr == ps.data() + ps.size() && v > 0 && v <= 4096,
+            "kvsift eval", "--page-size", ps, "an integer in [1, 4096] (tokens per page)");
+    o.page_size = v;
+  }
   const bool json = flag(args, "--json");
   o.verbose = flag(args, "--verbose");
   const std::string plot = option(args, "--plot", "");

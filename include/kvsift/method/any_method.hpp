@@ -22,6 +22,7 @@
 #include <kvsift/method/method.hpp>
 #include <kvsift/method/synckv.hpp>
 #include <kvsift/store/dense.hpp>
+#include <kvsift/store/paged.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -247,6 +248,27 @@ auto make_dense(std::string name) {
   };
 }
 
+// The factory of the one-tier method `name` over a store::paged<T> with pages of `page_size`
+// tokens: one pool per method, of the pages a full cache of the config needs (requests x layers
+// x kv_heads x ceil(capacity / page_size)), so an eviction's freed pages show in stats().pages.
+template <Element T>
+auto make_paged(std::string name, int page_size) {
+  return [name = std::move(name), page_size](const method_config& c) {
+    require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
+    const std::int64_t pages = static_cast<std::int64_t>(c.requests) * c.shape.layers *
+                               c.shape.kv_heads *
+                               ((static_cast<std::int64_t>(c.capacity) + page_size - 1) / page_size);
+    require(pages <= std::numeric_limits<int>::max(), "method_registry", "capacity", c.capacity,
+            "a pool of at most 2^31 - 1 pages of " + std::to_string(page_size) + " tokens");
+    return visit_one_tier<store::paged<T>, exec::host>(
+        name, c, [&]<class M>(typename M::params p) -> std::unique_ptr<any_kv_method<T>> {
+          auto st = std::make_unique<store::paged<T>>(c.shape, c.requests, page_size,
+                                                      static_cast<int>(pages));
+          return std::make_unique<erased_method<M>>(name, std::move(st), std::move(p));
+        });
+  };
+}
+
 // A token-budget method whose resident KV after the prompt is its budget per head-sequence.
 inline method_config budget_for_fraction(method_config c, double fraction) {
   c.budget = std::max(1, static_cast<int>(std::lround(fraction * c.prompt_len)));
@@ -434,6 +456,22 @@ std::vector<method_entry<T>> builtin_method_entries() {
   // Register new methods here, e.g.
   //   e.push_back({"name", [](const method_config& c) { ... store::tiered<T> ... }, hook});
   return e;
+}
+
+// `base`'s entries (names, order, resident-fraction hooks) with the one-tier built-in names' `make`
+// replaced by the same composition over a store::paged<T> with pages of `page_size` tokens
+// (detail::make_paged); the two-tier methods keep their store (store::tiered) and a user's own
+// entries are kept as they are. `kvsift eval --store paged` runs on it.
+template <Element T>
+method_registry<T> method_registry_paged(const method_registry<T>& base, int page_size) {
+  require(page_size > 0, "method_registry_paged", "page_size", page_size, "> 0 tokens");
+  method_registry<T> out;
+  for (const auto& name : base.names()) {
+    method_entry<T> e = base.at(name);
+    if (detail::is_one_tier_method(name)) e.make = detail::make_paged<T>(name, page_size);
+    out.add(std::move(e));
+  }
+  return out;
 }
 
 // The registry of the named methods (built once).

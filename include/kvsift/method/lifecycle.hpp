@@ -198,6 +198,8 @@ struct method_stats {
   std::int64_t refreshes = 0;          // compression / selection rounds run
   std::int64_t stalls = 0;             // waits for a transfer inside a step
   std::vector<int> layer_budgets;      // [layers] last budget (tokens) applied per layer, -1 if none
+  std::int64_t pages = -1;             // pages a paged store holds now (-1: the store is not paged)
+  int page_size = 0;                   // its tokens per page (0: not paged)
 };
 
 }  // namespace kvsift

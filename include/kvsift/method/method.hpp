@@ -327,6 +327,10 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     method_stats s;
     s.resident_bytes = store_->resident_bytes();
     s.resident_tokens = store_->resident_tokens();
+    if constexpr (requires { store_->used_pages(); store_->page_size(); }) {
+      s.pages = store_->used_pages();
+      s.page_size = store_->page_size();
+    }
     sched_.stats(*this, s);
     return s;
   }
