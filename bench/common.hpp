@@ -8,7 +8,8 @@
 //
 // Naming scheme (shared with the CUDA benchmarks under cuda/, which use the same names and
 // shapes):   BM_<family>/<component>/<model>/<dtype>/n<context>[/B<budget>]/r<requests>
-//   family     score | select | budget | store | transfer | attention | prefill | decode
+//   family     score | select | budget | store | transfer | attention | prefill | decode |
+//              capacity (no /r: requests admitted is its result)
 //   model      llama31_8b (32 layers, 32 q heads, 8 KV heads, d 128) | llama32_1b (d 64)
 //   dtype      f32 | bf16 (queries are always f32)
 // Counters:  bytes_per_second, tokens_per_second (rates) and bw_fraction = bytes_per_second /
@@ -209,5 +210,6 @@ inline const std::vector<const model*>& models() {
 void register_components();
 void register_methods();
 void register_transfer();  // transfer.cpp: recall from store::tiered beside memcpy
+void register_capacity();  // capacity.cpp: requests one page pool admits per method
 
 }  // namespace kvbench

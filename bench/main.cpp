@@ -361,6 +361,7 @@ int main(int argc, char** argv) {
   kvbench::register_components();
   kvbench::register_methods();
   kvbench::register_transfer();
+  kvbench::register_capacity();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -413,3 +413,71 @@ TEST_CASE("thrust FlashInfer export rejects bad plans and writes nothing", "[thr
         ContainsSubstring("'slots.num_segments' = 1"));
   });
 }
+
+// thrust/engine_tables.hpp: block tables, -1-padded page lists and the ggml mask built on the
+// device from a device FlashInfer table equal the host reference's (store/engine_tables.hpp,
+// whose formats tests/test_engine_tables.cpp checks by attention against the library's), on
+// random ragged tables with empty entries; a table or width that does not fit is refused before
+// anything is written.
+TEST_CASE("thrust engine tables equal the host reference", "[thrust][flashinfer][engine_tables]") {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int page_size = 1 + static_cast<int>(rng() % 8);
+    const int pool_pages = 40;
+    const int entries = static_cast<int>(rng() % 7);
+    kvsift::flashinfer_table t;
+    t.page_size = page_size;  // t.indptr starts as {0}
+    for (int s = 0; s < entries; ++s) {
+      const int n = static_cast<int>(rng() % 6);  // 0: an entry that reads nothing
+      for (int i = 0; i < n; ++i) t.indices.push_back(static_cast<std::int32_t>(rng() % pool_pages));
+      t.indptr.push_back(t.indptr.back() + n);
+      t.last_page_len.push_back(n == 0 ? 0 : 1 + static_cast<int>(rng() % page_size));
+    }
+    kvsift::thrust::device_flashinfer_table<dvec> d{
+        dvec(t.indptr.begin(), t.indptr.end()), dvec(t.indices.begin(), t.indices.end()),
+        dvec(t.last_page_len.begin(), t.last_page_len.end()), page_size};
+    const std::int64_t pool_rows = static_cast<std::int64_t>(pool_pages) * page_size;
+    for_each_policy([&](const auto& exec, const std::string& name) {
+      INFO(name << " trial " << trial);
+      for (const std::int32_t pad : {0, -1}) {
+        const auto want = kvsift::block_tables(t, pad);
+        const auto got = kvsift::thrust::block_tables(exec, d, pad);
+        CHECK(got.max_blocks == want.max_blocks);
+        CHECK(got.block_size == want.block_size);
+        CHECK(got.blocks == want.blocks);
+        CHECK(got.seq_lens == want.seq_lens);
+      }
+      const auto want_m = kvsift::kv_mask_of(t, pool_rows);
+      const auto got_m = kvsift::thrust::kv_mask<::thrust::device_vector<float>>(exec, d, pool_rows);
+      CHECK(got_m.n_kv_max == want_m.n_kv_max);
+      CHECK(got_m.mask == want_m.mask);
+
+      // a fixed width below the longest entry, and a pool too small for a block: refused, the
+      // outputs as they were
+      const auto v = kvsift::thrust::table_view(d);
+      const int longest = want_m.entries > 0 ? kvsift::block_tables(t).max_blocks : 0;
+      if (longest > 0) {
+        dvec blocks(static_cast<std::size_t>(entries) * longest, 7), lens(entries, 7);
+        REQUIRE_THROWS_WITH(
+            kvsift::thrust::padded_pages(exec, v, longest - 1, ::thrust::raw_pointer_cast(blocks.data()),
+                                         ::thrust::raw_pointer_cast(lens.data())),
+            Catch::Matchers::ContainsSubstring("'max_blocks'"));
+        CHECK(std::all_of(blocks.begin(), blocks.end(), [](std::int32_t x) { return x == 7; }));
+        ::thrust::device_vector<float> mask(static_cast<std::size_t>(entries) * 4, 3.0f);
+        if (want_m.n_kv_max > 4) {
+          REQUIRE_THROWS_WITH(kvsift::thrust::kv_mask(exec, v, 4, ::thrust::raw_pointer_cast(mask.data())),
+                              Catch::Matchers::ContainsSubstring("table.indices["));
+          CHECK(std::all_of(mask.begin(), mask.end(), [](float x) { return x == 3.0f; }));
+        }
+      }
+    });
+  }
+  // a bad last_page_len is named as the host names it
+  kvsift::flashinfer_table t{.indptr = {0, 2}, .indices = {1, 2}, .last_page_len = {5}, .page_size = 4};
+  kvsift::thrust::device_flashinfer_table<dvec> d{dvec(t.indptr.begin(), t.indptr.end()),
+                                                  dvec(t.indices.begin(), t.indices.end()),
+                                                  dvec(t.last_page_len.begin(), t.last_page_len.end()), 4};
+  REQUIRE_THROWS_WITH(kvsift::block_tables(t), Catch::Matchers::ContainsSubstring("table.last_page_len[0]"));
+  REQUIRE_THROWS_WITH(kvsift::thrust::block_tables(::thrust::device, d),
+                      Catch::Matchers::ContainsSubstring("table.last_page_len[0]"));
+}

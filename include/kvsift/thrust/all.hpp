@@ -9,6 +9,7 @@
 #include <kvsift/thrust/cumulative_attention.hpp>
 #include <kvsift/thrust/dense_store.hpp>
 #include <kvsift/thrust/drift_median.hpp>
+#include <kvsift/thrust/engine_tables.hpp>
 #include <kvsift/thrust/exec.hpp>
 #include <kvsift/thrust/flashinfer.hpp>
 #include <kvsift/thrust/freekv_pages.hpp>
