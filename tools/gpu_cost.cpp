@@ -188,6 +188,79 @@ void print_table(const model& m, const scenario& s, const std::vector<gpu>& gpus
   }
 }
 
+// The far-tier policy of the two-tier methods (issue "Attend where the far tier lives"): the rows
+// a step needs from the host tier either cross PCIe into device memory and are attended there
+// (recall) or are attended on the CPU where they lie, the two partial outputs merged by
+// log-sum-exp (attend: a few KB of partial outputs cross instead). Per step and sequence:
+//   recall   device reads every attended row (HBM); PCIe carries the recalled rows, amortised
+//            over the method's refresh period; serial time HBM + PCIe, overlapped max(HBM, PCIe)
+//   attend   device reads the resident rows only; the CPU reads the far rows every step (a
+//            recall's rows are reused until the next refresh; attend reads them at each step);
+//            time max(HBM, CPU) (the host part overlaps the device part)
+struct far_rows {
+  double far_bytes_step;  // K and V of the host-tier rows a step attends (attend: CPU reads)
+  double recall_bytes;    // PCIe bytes per step under recall (amortised)
+};
+far_rows far_of(const model& m, const scenario& s, const std::string& name) {
+  const double n = static_cast<double>(s.n);
+  const double B = static_cast<double>(std::min(s.budget, s.n));
+  const double L = m.layers, H = m.kv_heads, tok = m.head_token();
+  if (name == "synckv") {  // followers' dynamic tokens, refreshed every 5 steps
+    const double NR = 2 * L, N = H * L;
+    double k = B;
+    if (s.fraction) k = static_cast<double>(to_count((s.f * N - NR) * n / (N - NR)));
+    const double kdyn = k - std::floor(0.5 * k);
+    const double followers = (H - 2) * L;
+    return {followers * kdyn * tok, followers * kdyn * tok / 5.0};
+  }
+  if (name == "heterocache") {  // both satellites' cap tokens, drift every 5 steps (bound)
+    const double F = 2 * L, N = H * L;
+    double cap = B;
+    if (s.fraction) cap = static_cast<double>(to_count((s.f * N - F) * n / (N - F)));
+    return {2 * L * cap * tok, 2 * L * cap * tok / 5.0};
+  }
+  // freekv: `churn` of the selectable pages are not resident at a step
+  const double p = 32;
+  const double Bp = std::floor(B / p) * p;
+  const double selectable = std::max(0.0, Bp / p - (512 + 512) / p);
+  const double rows = churn * selectable * p;
+  return {(L - 1) * H * rows * tok, (L - 1) * H * rows * tok};
+}
+
+void print_far_table(const model& m, const std::vector<scenario>& scenarios, const gpu& g,
+                     const std::vector<double>& cpu_bws) {
+  std::printf("\n### Far-tier policy on the %s (PCIe %.0f GB/s), %s\n\n", g.name, g.pcie / 1e9,
+              m.name);
+  std::printf("| method | context | budget | far rows MB/step | recall PCIe MB/step | recall us (serial / overlapped) |");
+  for (const double bw : cpu_bws) std::printf(" attend us, CPU %.0f GB/s |", bw / 1e9);
+  std::printf(" wins (overlapped recall vs attend, per CPU) |\n|---|---:|---|---:|---:|---:|");
+  for (std::size_t i = 0; i < cpu_bws.size(); ++i) std::printf("---:|");
+  std::printf("---|\n");
+  for (const auto& s : scenarios) {
+    for (const auto& [name, c] : methods(m, s)) {
+      if (name != "synckv" && name != "heterocache" && name != "freekv") continue;
+      const far_rows f = far_of(m, s, name);
+      const double hbm = c.hbm / g.hbm * 1e6;
+      const double pcie = f.recall_bytes / g.pcie * 1e6;
+      const double device_part = (c.hbm - f.far_bytes_step) / g.hbm * 1e6;  // resident rows only
+      std::printf("| %s | %lldK | %s | %.1f | %.2f | %.0f / %.0f |", name.c_str(),
+                  static_cast<long long>(s.n / 1024), s.label.c_str(), f.far_bytes_step / 1e6,
+                  f.recall_bytes / 1e6, hbm + pcie, std::max(hbm, pcie));
+      std::string wins;
+      for (const double bw : cpu_bws) {
+        const double attend = std::max(device_part, f.far_bytes_step / bw * 1e6);
+        std::printf(" %.0f |", attend);
+        const double recall = std::max(hbm, pcie);
+        wins += std::string(wins.empty() ? "" : ", ") +
+                (std::abs(attend - recall) <= 0.02 * recall ? "tie"
+                 : attend < recall                          ? "attend"
+                                                            : "recall");
+      }
+      std::printf(" %s |\n", wins.c_str());
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -210,5 +283,11 @@ int main(int argc, char** argv) {
     print_table(m, {n, 2048, "2K tokens", false, 0.0}, gpus);
     print_table(m, {n, to_count(0.3 * static_cast<double>(n)), "30%", true, 0.3}, gpus);
   }
+  std::vector<scenario> far;
+  for (const std::int64_t n : {std::int64_t{32768}, std::int64_t{131072}}) {
+    far.push_back({n, 2048, "2K tokens", false, 0.0});
+    far.push_back({n, to_count(0.3 * static_cast<double>(n)), "30%", true, 0.3});
+  }
+  for (const auto& g : gpus) print_far_table(m, far, g, {50e9, 200e9});
   return 0;
 }
