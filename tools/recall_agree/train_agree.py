@@ -11,7 +11,8 @@ other builds ran; see data/recall-agree/ORIGIN.md and train.log there):
 It warm-starts from data/recall-8kv (same architecture: 4 layers, 8 query heads, 8 KV heads,
 head_dim 32, BOS byte 0x02). The schedule is set for 360 steps and the run stops at 160, once
 the heads' overlap had passed its target; --stop_at keeps the LR schedule of --steps, so the
-weights at step 160 are those of the shipped model. The schedule depends on the step count
+weights at step 160 are those of the shipped model (a second run of the command, 566 s wall,
+gave the same log and bit-identical weights). The schedule depends on the step count
 only, never on wall time, so a run is reproducible from --seed, --steps and --stop_at (same
 torch build and thread count; the filler corpus is built from /usr/share/doc by build_corpus.py
 and so depends on the installed Debian packages: its size is logged, 33,695,646 bytes for the
