@@ -16,6 +16,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -113,4 +114,46 @@ TEMPLATE_TEST_CASE("partial attention: two disjoint parts merged equal the whole
                                       same.data());
     REQUIRE(same == whole);
   }
+}
+
+// A partial that finite inputs cannot give (NaN or +inf lse, a non-finite output of a non-empty
+// part) is an error naming the side, head and value, raised before anything is written.
+TEST_CASE("partial attention: a poisoned partial is refused before the merge writes", "[attention][partial][bad_input]") {
+  const int G = 2, d = 4;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> good_out(G * d, 0.5f), good_lse{1.0f, 2.0f};
+  struct bad_case {
+    const char* arg;
+    std::vector<float> out_a, lse_a, out_b, lse_b;
+  };
+  std::vector<bad_case> cases;
+  cases.push_back({"lse_a[1]", good_out, {1.0f, nan}, good_out, good_lse});
+  cases.push_back({"lse_b[0]", good_out, good_lse, good_out, {inf, 2.0f}});
+  auto poisoned = good_out;
+  poisoned[1 * d + 3] = nan;
+  cases.push_back({"out_a[1 * d + 3]", poisoned, good_lse, good_out, good_lse});
+  poisoned = good_out;
+  poisoned[2] = -inf;
+  cases.push_back({"out_b[0 * d + 2]", good_out, good_lse, poisoned, good_lse});
+  for (const auto& c : cases) {
+    CAPTURE(c.arg);
+    std::vector<float> out(G * d, 7.0f), lse(G, 7.0f);
+    try {
+      kvsift::attention::merge_partials(G, d, c.out_a.data(), c.lse_a.data(), c.out_b.data(),
+                                        c.lse_b.data(), out.data(), lse.data());
+      FAIL("no error");
+    } catch (const kvsift::error& e) {
+      CHECK(std::string(e.what()).find(std::string("'") + c.arg + "'") != std::string::npos);
+    }
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
+    CHECK(std::all_of(lse.begin(), lse.end(), [](float x) { return x == 7.0f; }));
+  }
+  // -inf in one part's lse is an empty part, whatever its output holds
+  const std::vector<float> empty_lse{-inf, -inf}, garbage(G * d, nan);
+  std::vector<float> out(G * d), lse(G);
+  kvsift::attention::merge_partials(G, d, good_out.data(), good_lse.data(), garbage.data(),
+                                    empty_lse.data(), out.data(), lse.data());
+  CHECK(out == good_out);
+  CHECK(lse == good_lse);
 }

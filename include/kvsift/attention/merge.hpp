@@ -11,18 +11,50 @@
 //
 // An empty subset has lse = -inf and any output: it contributes nothing. This is how a step may
 // attend the rows of the host tier on the CPU and the resident rows on the device, then combine.
+//
+// A partial that finite keys, values and queries cannot give (an lse that is NaN or +inf, a NaN or
+// infinite output of a non-empty part: a poisoned row reached one side) is a kvsift::error naming
+// the side, the head and the value, raised before anything is written, as the library raises a
+// non-finite input at its boundaries (method/lifecycle.hpp).
+
+#include <kvsift/core/error.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 namespace kvsift::attention {
+
+namespace detail {
+inline void check_partial(const char* side, int G, int d, const float* out, const float* lse) {
+  constexpr std::string_view where = "attention::merge_partials";
+  for (int g = 0; g < G; ++g) {
+    const float l = lse[g];
+    require(!std::isnan(l) && l != std::numeric_limits<float>::infinity(), where,
+            [&] { return std::string("lse_") + side + "[" + std::to_string(g) + "]"; }, l,
+            [] { return std::string("a finite log-sum-exp, or -inf for an empty part"); });
+    if (l == -std::numeric_limits<float>::infinity()) continue;  // empty: its output is unused
+    const float* o = out + static_cast<std::size_t>(g) * d;
+    for (int c = 0; c < d; ++c) {
+      require(std::isfinite(o[c]), where,
+              [&] {
+                return std::string("out_") + side + "[" + std::to_string(g) + " * d + " +
+                       std::to_string(c) + "]";
+              },
+              o[c], [] { return std::string("finite (a non-empty part's attention output)"); });
+    }
+  }
+}
+}  // namespace detail
 
 // out[g, :] and lse[g] for G heads of d channels from the partials (out_a, lse_a) and (out_b,
 // lse_b). out may be out_a or out_b (in place); lse may be null, or lse_a or lse_b.
 inline void merge_partials(int G, int d, const float* out_a, const float* lse_a, const float* out_b,
                            const float* lse_b, float* out, float* lse = nullptr) {
   constexpr float none = -std::numeric_limits<float>::infinity();
+  detail::check_partial("a", G, d, out_a, lse_a);
+  detail::check_partial("b", G, d, out_b, lse_b);
   for (int g = 0; g < G; ++g) {
     const float la = lse_a[g], lb = lse_b[g];
     const float* oa = out_a + static_cast<std::size_t>(g) * d;
