@@ -211,7 +211,7 @@ struct config {
   std::vector<double> read;      // per prompt: KV tokens attention read / a full cache's
   std::vector<int> budget_tokens;
   std::vector<std::vector<int>> layer_budgets;  // per prompt: the last budget of each layer
-  std::vector<double> recalled;  // per prompt: bytes the method's transfer moved (host -> device)
+  std::vector<double> recalled;  // per prompt: bytes recalls installed (host pool -> resident tier)
   std::vector<double> stalls;    // per prompt: decode steps that waited for a transfer
   std::vector<fidelity> fid;     // per prompt: attention-output error and logit KL vs full
   std::vector<int> bytes_right;  // per prompt: answer bytes 1.. right under teacher forcing
@@ -705,8 +705,9 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
                   budget_label(c.budget).c_str(), c.notes.empty() ? "" : c.notes.front().c_str(),
                   mean(c.recalled) / 1024.0, mean(c.stalls));
     }
-    std::printf("(per prompt, mean: bytes the method's transfer moved host -> device; decode\n"
-                "steps that waited for a recall; methods that moved nothing are not listed)\n");
+    std::printf("(per prompt, mean: bytes that recalls installed host pool -> resident tier, equal\n"
+                "on every exec; decode steps that waited for a recall; methods that moved nothing\n"
+                "are not listed)\n");
   }
   // a paged store's pages: the most held at once against a full cache's on the same prompts
   bool any_pages = false;

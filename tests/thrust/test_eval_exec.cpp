@@ -130,6 +130,9 @@ void same_answers(const fs::path& model_dir, const std::vector<fs::path>& prompt
       CHECK(on_device.prompt_resident_bytes() == on_host.prompt_resident_bytes());
       CHECK(on_device.stats().resident_bytes == on_host.stats().resident_bytes);
       CHECK(on_device.stats().layer_budgets == on_host.stats().layer_budgets);
+      // eval's bytes_recalled: the rows recalls installed, counted alike on every exec
+      CHECK(on_device.stats().bytes_transferred == on_host.stats().bytes_transferred);
+      CHECK(on_device.stats().refreshes == on_host.stats().refreshes);
       CHECK(on_device.attended_tokens() == on_host.attended_tokens());
       CHECK(on_device.parameter_note() == on_host.parameter_note());
       // the last step's plan: the same positions; a tiered store's slots are its residents in

@@ -194,7 +194,7 @@ struct prefill_totals {
 struct method_stats {
   std::int64_t resident_bytes = 0;     // key + value bytes resident in the store's space
   std::int64_t resident_tokens = 0;    // tokens resident, summed over head-sequences
-  std::int64_t bytes_transferred = 0;  // bytes the Transfer moved
+  std::int64_t bytes_transferred = 0;  // bytes recalls copied into the resident tier (installed)
   std::int64_t refreshes = 0;          // compression / selection rounds run
   std::int64_t stalls = 0;             // waits for a transfer inside a step
   std::vector<int> layer_budgets;      // [layers] last budget (tokens) applied per layer, -1 if none

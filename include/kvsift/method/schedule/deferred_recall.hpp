@@ -227,12 +227,14 @@ class schedule::deferred_recall::state {
     }
     m.store().reset(request);
   }
-  // Bytes the transfer recalled, refreshes, stalls (decode steps that waited for a recall),
-  // per-layer budgets (-1 before any prefill).
+  // Bytes recalled (the rows that installs copied into the working set: the store's
+  // bytes_to_device, as on every exec; a recall still pending or cancelled is not counted),
+  // refreshes, stalls (decode steps that waited for a recall), per-layer budgets (-1 before any
+  // prefill).
   template <class M>
-  void stats(const M&, method_stats& s) const {
+  void stats(const M& m, method_stats& s) const {
     const auto xs = xfer_->stats();
-    s.bytes_transferred = xs.bytes_moved;
+    s.bytes_transferred = m.store().stats().bytes_to_device;
     s.refreshes = refreshes_;
     s.stalls = xs.stalls;
     s.layer_budgets = layer_budgets_;

@@ -213,13 +213,14 @@ class schedule::speculative::state {
     m.store().reset(request);
   }
 
-  // Bytes recalled (background recalls by the transfer, plus the synchronous recalls of step 1
-  // and corrections), selections made, stalls (a synchronous recall that moved bytes, or a wait
-  // for a background recall not done in time).
+  // Bytes recalled (the rows that installs of background recalls and the synchronous recalls of
+  // step 1 and corrections copied into the working set: the store's bytes_to_device, as on every
+  // exec; a discarded speculation or one still pending is not counted), selections made, stalls
+  // (a synchronous recall that moved bytes, or a wait for a background recall not done in time).
   template <class M>
   void stats(const M& m, method_stats& s) const {
     const auto ts = xfer_->stats();
-    s.bytes_transferred = ts.bytes_moved + sync_bytes_;
+    s.bytes_transferred = m.store().stats().bytes_to_device;
     s.refreshes = refreshes_;
     s.stalls = ts.stalls + sync_stalls_;
     for (int l = 0; l < m.store().shape().layers; ++l) {
@@ -329,9 +330,7 @@ class schedule::speculative::state {
         const auto before = st.stats().bytes_to_device;
         st.promote(sh.sequence(t.request, layer, h),
                    pool.page_positions(t.request, layer, page_size(m), pages[h]));
-        const auto moved = st.stats().bytes_to_device - before;
-        sync_bytes_ += moved;
-        sync_stalls_ += moved > 0 ? 1 : 0;
+        sync_stalls_ += st.stats().bytes_to_device > before ? 1 : 0;
       }
     }
     for (int h = 0; h < sh.kv_heads; ++h) {
@@ -362,7 +361,6 @@ class schedule::speculative::state {
   std::vector<int> steps_;                        // [requests * layers]
   std::int64_t refreshes_ = 0;
   std::int64_t corrections_made_ = 0;
-  std::int64_t sync_bytes_ = 0;   // bytes recalled synchronously (step 1, corrections)
   std::int64_t sync_stalls_ = 0;  // synchronous recalls that moved bytes
   score_sets scores_;
   index_sets kept_;
