@@ -191,8 +191,10 @@ TEST_CASE("method_registry_paged: the same kept tokens, the pages they need", "[
     }
     INFO(name);
     CHECK(a->stats().pages == -1);
+    CHECK(a->pages() == -1);
     CHECK(b->stats().page_size == page);
     CHECK(b->stats().pages == need);
+    CHECK(b->pages() == need);  // the engine's per-step question, without building method_stats
     if (name != "full_kv" && name != "quest") {
       CHECK(need < static_cast<std::int64_t>(sh.layers) * sh.kv_heads * ((n + page - 1) / page));
     }

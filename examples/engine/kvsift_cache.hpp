@@ -156,11 +156,11 @@ class kvsift_cache : public kv_cache {
         .last = true};
     // a paged store takes the chunk's pages before the round frees any: the call's peak is the
     // pages held before it plus ceil(n / page) per KV head (the layer's sequences start empty)
-    const std::int64_t before = page_size_ > 0 ? method_->stats().pages : -1;
+    const std::int64_t before = page_size_ > 0 ? method_->pages() : -1;
     method_->prefill(layer, std::span<const prefill_chunk<float>>(&chunk, 1));
     if (page_size_ > 0) {
       note_pages(before + static_cast<std::int64_t>(kvh) * ((n + page_size_ - 1) / page_size_));
-      note_pages(method_->stats().pages);
+      note_pages(method_->pages());
     }
     if (layer == shape_.num_layers - 1) prompt_resident_bytes_ = method_->resident_bytes();
   }
@@ -174,7 +174,7 @@ class kvsift_cache : public kv_cache {
                                   .value = v.data()};
     const std::span<const decode_token<float>> toks(&tok, 1);
     plan_ = &method_->decode(layer, toks);
-    if (page_size_ > 0) note_pages(method_->stats().pages);  // the token appended, none evicted yet
+    if (page_size_ > 0) note_pages(method_->pages());  // the token appended, none evicted yet
     attended_tokens_ += static_cast<std::int64_t>(plan_->slots.values.size());
     full_tokens_ += static_cast<std::int64_t>(position + 1) * shape_.num_kv_heads;
     const auto ms = method_->shape();

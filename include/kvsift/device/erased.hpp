@@ -183,6 +183,7 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 
   void reset(int request) override { m_->reset(request); }
   [[nodiscard]] method_stats stats() const override { return m_->stats(); }
+  [[nodiscard]] std::int64_t pages() const override { return -1; }  // no paged device store
   [[nodiscard]] capabilities caps() const override { return M::caps; }
   [[nodiscard]] const std::string& name() const override { return name_; }
   [[nodiscard]] model_shape shape() const override { return store_->shape(); }

@@ -37,6 +37,9 @@ class any_kv_method {
   virtual void after_attention(int layer, std::span<const decode_token<T>> tokens) = 0;
   virtual void reset(int request) = 0;
   [[nodiscard]] virtual method_stats stats() const = 0;
+  // Pages a paged store holds now (stats().pages without building the rest of method_stats:
+  // nothing allocated, so an engine may ask every step); -1 when the store is not paged.
+  [[nodiscard]] virtual std::int64_t pages() const { return stats().pages; }
   [[nodiscard]] virtual capabilities caps() const = 0;
   [[nodiscard]] virtual const std::string& name() const = 0;
   // The working set attention reads (the store's KvStore view): shape, per head-sequence length,
@@ -90,6 +93,13 @@ class erased_method final : public any_method<typename M::store_type> {
   }
   void reset(int request) override { m_.reset(request); }
   [[nodiscard]] method_stats stats() const override { return m_.stats(); }
+  [[nodiscard]] std::int64_t pages() const override {
+    if constexpr (requires { store_->used_pages(); }) {
+      return store_->used_pages();
+    } else {
+      return -1;
+    }
+  }
   [[nodiscard]] capabilities caps() const override { return M::caps; }
   [[nodiscard]] const std::string& name() const override { return name_; }
   [[nodiscard]] model_shape shape() const override { return store_->shape(); }
