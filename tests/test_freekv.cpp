@@ -61,7 +61,44 @@ params small_params() {
 
 std::vector<std::int32_t> as_vector(std::span<const std::int32_t> s) { return {s.begin(), s.end()}; }
 
+// FreeKV's recipe with a budgeter of twice the params' budget: the schedule selects and keeps
+// what the recipe's Budgeter gives (the params' B only shapes the budgeter FreeKV builds).
+struct freekv_wider : kvsift::freekv_recipe {
+  static parts make_parts(const params& p) {
+    auto x = kvsift::freekv_recipe::make_parts(p);
+    x.budgeter.p.tokens = 2 * p.budget;
+    return x;
+  }
+};
+
 }  // namespace
+
+TEST_CASE("freekv: the schedule calls the recipe's budgeter", "[freekv]") {
+  const model_shape sh{2, 4, 2, 8};
+  const script sc(sh, 300, 6, 3);
+  kvsift::store::tiered<float> st(sh, 1, sc.n + sc.steps, 8);
+  const auto prm = small_params();  // B = 64: 8 pages; the budgeter's 128: 16
+  kvsift::method<kvsift::store::tiered<float>, freekv_wider, kvsift::exec::host> m(st, prm);
+  for (int l = 0; l < sh.layers; ++l) m.prefill(l, sc.prompt(0, l));
+  CHECK(m.stats().layer_budgets == std::vector<int>{-1, 2 * prm.budget});
+  for (int t = 0; t < sc.steps; ++t) {
+    for (int l = 0; l < sh.layers; ++l) {
+      const auto tok = sc.token(0, l, t);
+      const auto& plan = m.decode(l, tok);
+      if (l == 1) {
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          CAPTURE(t, h);
+          CHECK(static_cast<int>(plan.pages[h].size()) == 2 * prm.budget / prm.page_size);
+          CHECK(st.length(sh.sequence(0, 1, h)) <= 2 * prm.budget);
+          CHECK(st.length(sh.sequence(0, 1, h)) > prm.budget);
+        }
+      }
+      std::vector<float> out(static_cast<std::size_t>(sh.q_heads) * sh.head_dim);
+      m.attend(l, std::span<const kvsift::decode_token<float>>(&tok, 1), out.data());
+      m.after_attention(l, tok);
+    }
+  }
+}
 
 TEST_CASE("freekv: every sparse step reads B/p pages, sink and window always in, working set = plan",
           "[freekv]") {

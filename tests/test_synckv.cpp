@@ -65,7 +65,8 @@ method_t::params params_of(double m, std::vector<kvsift::select::cluster_roles> 
           .rho = 0.5, .memory_fraction = m, .roles = std::move(roles)};
 }
 
-void prefill(method_t& m, const tokens& x, int request) {
+template <class M>
+void prefill(M& m, const tokens& x, int request) {
   for (int l = 0; l < x.layers; ++l) {
     m.prefill(l, kvsift::prefill_chunk<float>{
                      .request = request,
@@ -299,6 +300,38 @@ TEST_CASE("synckv: plans, resident KV and outputs at every step (GQA, two layers
   CHECK(s.refreshes == 2 * L);  // steps 5 and 10, both layers
   CHECK(s.layer_budgets == std::vector<int>{32, 32});
   CHECK(s.bytes_transferred == st.stats().bytes_to_device);
+}
+
+// SyncKV's recipe with a budgeter wider than the one its roles would build from the params
+// (memory fraction 0.75 where the params say 0.5): the schedule keeps what the recipe's
+// Budgeter gives, at the prompt's end and in its checks.
+struct synckv_wider : kvsift::synckv_recipe {
+  static parts make_parts(const params& p) {
+    auto x = kvsift::synckv_recipe::make_parts(p);
+    x.budgeter.p.memory_fraction = 0.75;
+    return x;
+  }
+};
+
+TEST_CASE("synckv: the schedule calls the recipe's budgeter", "[synckv]") {
+  const int L = 2, n = 64, hkv = 4, hq = 8, d = 16;
+  const auto x = make_tokens(L, n, 2, hkv, hq, d, 5);
+  store_t st(model_shape{L, hq, hkv, d}, 1, n + 2);
+  kvsift::method<store_t, synckv_wider, kvsift::exec::host> m(st, params_of(0.5, two_layer_roles()));
+  prefill(m, x, 0);
+  const auto wide = m.parts().budgeter.split(n);          // (6 - 4) * 64 / 4 = 32
+  const auto narrow = m.parts().roles.budgeter().split(n);  // (4 - 4) * 64 / 4 = 0
+  REQUIRE(wide.k == 32);
+  REQUIRE(narrow.k == 0);
+  CHECK(m.split(n).k == wide.k);
+  CHECK(m.stats().layer_budgets == std::vector<int>{wide.k, wide.k});
+  const auto roles = two_layer_roles();
+  for (int l = 0; l < L; ++l) {
+    for (int h = 0; h < hkv; ++h) {
+      CAPTURE(l, h);
+      CHECK(st.length(st.shape().sequence(0, l, h)) == (roles[l].is_representative(h) ? n : wide.k));
+    }
+  }
 }
 
 TEST_CASE("synckv: a recall in flight while the next layer's step runs; the next decode waits",

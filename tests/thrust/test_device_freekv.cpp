@@ -122,7 +122,17 @@ struct drifting_queries {
   }
 };
 
-template <class T, class E>
+// FreeKV's recipe with a budgeter of 48 tokens where the params say 32: both execs keep what the
+// recipe's Budgeter gives.
+struct freekv_wider : kvsift::freekv_recipe {
+  static parts make_parts(const params& p) {
+    auto x = kvsift::freekv_recipe::make_parts(p);
+    x.budgeter.p.tokens = p.budget + 16;
+    return x;
+  }
+};
+
+template <class T, class E, class Recipe = kvsift::freekv_recipe>
 void run_pair(std::uint32_t seed, int dense_layers) {
   const auto params = params_of(dense_layers);
   INFO("seed " << seed << " dense_layers " << dense_layers);
@@ -131,11 +141,12 @@ void run_pair(std::uint32_t seed, int dense_layers) {
   std::mt19937 rng(seed);
   kvsift::store::tiered<T> hs(shape, requests, host_capacity, page);
   kvsift::thrust::tiered_store<T, E> ds(e, shape, requests, host_capacity, tier_capacity);
-  kvsift::freekv<T> hm(hs, params);
-  kvsift::freekv<T, E> dm(ds, params);
+  using device_method = kvsift::method<kvsift::thrust::tiered_store<T, E>, Recipe, E>;
+  kvsift::method<kvsift::store::tiered<T>, Recipe, exec::host> hm(hs, params);
+  device_method dm(ds, params);
   const int H = shape.kv_heads, Q = shape.q_heads, d = shape.head_dim;
   using space = typename E::memory_space;
-  using dchunk = typename kvsift::freekv<T, E>::chunk_type;
+  using dchunk = typename device_method::chunk_type;
   drifting_queries queries(rng);
 
   // A prompt for request r: `n` tokens in 1-3 chunks; the chunks carry their newest queries,
@@ -252,6 +263,7 @@ void run_pair(std::uint32_t seed, int dense_layers) {
     check_working_sets(hs, ds);
     CHECK(dm.corrections_made() == hm.corrections_made());
     CHECK(dm.stats().layer_budgets == hm.stats().layer_budgets);
+    CHECK(hm.stats().layer_budgets.back() == hm.parts().budgeter.p.tokens);  // the recipe's
     CHECK(dm.stats().refreshes == hm.stats().refreshes);
   }
   CHECK(corrections > 0);
@@ -343,6 +355,13 @@ TEMPLATE_LIST_TEST_CASE("device freekv: method<thrust::tiered_store> on exec::si
       SECTION("f16" + tag) { run_pair<kvsift::half, E>(seed, dense_layers); }
     }
   }
+}
+
+TEMPLATE_LIST_TEST_CASE("device freekv: a recipe with its own budgeter equals exec::host",
+                        "[thrust][method][freekv]", device_execs) {
+  using E = TestType;
+  run_pair<float, E, freekv_wider>(43u, 1);
+  run_pair<kvsift::bfloat16, E, freekv_wider>(44u, 0);
 }
 
 // The speculative selection recorded after step t is installed by step t + 1's decode. Skipped,

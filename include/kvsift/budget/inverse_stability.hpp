@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -134,7 +135,8 @@ inline void check_inverse_stability(std::span<const calibrate::head_role> roles,
 }
 
 // The Budgeter model: the cap of each head-sequence of a layer, from its length n. params: the
-// model's roles and stabilities ([layers * kv_heads], layer-major) and rho 0.5.
+// model's roles and stabilities ([layers * kv_heads], layer-major) and rho 0.5; or `fixed`, a
+// base and caps given outright (each taken as min(x, n)), which replace the formula.
 struct inverse_stability {
   using kvsift_role = budgeter_tag;
   struct params {
@@ -142,13 +144,26 @@ struct inverse_stability {
     std::vector<float> stability;             // [layers * kv_heads]
     int kv_heads = 1;                         // KV heads per layer (to name a layer in errors)
     double rho = 0.5;
+    std::optional<heterocache_caps> fixed;    // base and cap [layers * kv_heads] instead
   };
   params p{};
   void validate(std::string_view where) const {
     require(!p.roles.empty(), where, "roles.size", p.roles.size(), "> 0 (layers x kv_heads)");
+    if (p.fixed) {
+      require(p.fixed->cap.size() == p.roles.size(), where, "fixed.cap.size", p.fixed->cap.size(),
+              "layers x kv_heads = " + std::to_string(p.roles.size()));
+      return;
+    }
     check_inverse_stability(p.roles, p.stability, p.kv_heads, p.rho, where);
   }
+  // base and the caps of the whole model ([layers * kv_heads]) for a prompt of n tokens.
   [[nodiscard]] heterocache_caps caps(int kv_heads, int n) const {
+    if (p.fixed) {
+      heterocache_caps c;
+      c.base = std::min(p.fixed->base, n);
+      for (const int x : p.fixed->cap) c.cap.push_back(std::min(x, n));
+      return c;
+    }
     return inverse_stability_caps(p.roles, p.stability, kv_heads, n, p.rho);
   }
   void budgets(const budget_context& ctx, std::vector<int>& out) const {

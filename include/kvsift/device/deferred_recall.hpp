@@ -330,7 +330,8 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   void check_prefill(const M& m, std::string_view where, int layer, std::span<const chunk_type> chunks,
                      const prefill_totals& tot) const {
     for (const auto& c : chunks) {
-      if (c.last) m.parts().roles.check_prompt(where, m.store().host_length(c.request, layer) + tot.added[c.request]);
+      const int n = m.store().host_length(c.request, layer) + tot.added[c.request];
+      if (c.last) m.parts().roles.check_prompt(where, n, m.parts().budgeter);
     }
   }
 
@@ -349,7 +350,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
       // every head a representative: nothing to place and no budget (the host state's early
       // return; budget::synckv has no split without a follower)
       if (!m.parts().roles.places()) continue;
-      s.split = m.parts().roles.budgeter().split(s.n);
+      s.split = m.parts().budgeter.split(s.n);  // the recipe's budgeter
       layer_budgets_[layer] = s.split.k;
       const int kk = std::min(s.split.k, s.n);
       s.k_static = m.parts().selector.static_count(kk);

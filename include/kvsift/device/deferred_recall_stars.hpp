@@ -386,7 +386,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     for (const auto& c : chunks) {
       if (c.last) {
         m.parts().roles.check_prompt(
-            where, m.store().host_length(c.request, layer) + tot.added[c.request]);
+            where, m.store().host_length(c.request, layer) + tot.added[c.request], m.parts().budgeter);
       }
     }
   }
@@ -403,7 +403,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
       s.prompt_end = st.next_position(c.request, layer);
       s.n = st.host_length(c.request, layer);
       s.layer = layer;
-      const auto b = m.parts().roles.budget(s.n);
+      const auto b = m.parts().budgeter.caps(H_, s.n);  // the recipe's budgeter
       s.roles.base = b.base;
       s.roles.cap.assign(b.cap.begin() + static_cast<std::ptrdiff_t>(layer) * H_,
                          b.cap.begin() + static_cast<std::ptrdiff_t>(layer + 1) * H_);

@@ -23,6 +23,7 @@
 // dense layers). corrections() and corrections_made() make one counted read each.
 // The steps, cost and what is not mirrored: docs/architecture.md, "Design notes from the headers".
 
+#include <kvsift/budget/uniform.hpp>
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/device/one_tier.hpp>
@@ -151,6 +152,9 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
                     std::is_same_v<typename Recipe::trigger, trigger::query_cosine>,
                 "kvsift::method on a device exec: the device speculative state is FreeKV's recipe "
                 "(score::freekv_pages, select::freekv_pages, trigger::query_cosine)");
+  static_assert(std::is_same_v<typename Recipe::budgeter, budget::uniform>,
+                "kvsift::method on a device exec: the device speculative state sizes its page "
+                "buffers by one budget for every KV head, so its recipe's budgeter is budget::uniform");
 
  public:
   using plan_type = thrust::device_plan;
@@ -181,7 +185,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
         pool_cap_(m.store().host_capacity()),
         ps_(m.parameters().page_size),
         page_cap_((pool_cap_ + 1 + ps_ - 1) / ps_),  // a layout one token past a full pool
-        budget_pages_(m.parameters().budget / ps_),
+        budget_pages_(m.parts().budgeter.p.tokens / ps_),  // the recipe's budgeter: B
         sink_pages_(m.parameters().sink / ps_),
         window_pages_(m.parameters().window / ps_),
         slots_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers),
@@ -402,7 +406,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
     s.refreshes = refreshes_ + device_counters()[1];
     s.stalls = 0;
     for (int l = 0; l < m.store().shape().layers; ++l) {
-      s.layer_budgets.push_back(l < m.parameters().dense_layers ? -1 : m.parameters().budget);
+      s.layer_budgets.push_back(l < m.parameters().dense_layers ? -1 : m.parts().budgeter.p.tokens);
     }
   }
   template <class M>

@@ -57,7 +57,7 @@ struct freekv_recipe {
     kvsift::score::freekv_pages scorer;
     kvsift::select::freekv_pages selector;
     kvsift::trigger::query_cosine trigger;
-    kvsift::budget::uniform budgeter;  // B (the schedule reads params().budget)
+    kvsift::budget::uniform budgeter;  // B for every KV head (the schedule asks it)
   };
   static parts make_parts(const params& p) {
     return {scorer_of(p), selector_of(p), trigger({.tau = p.tau}), budgeter{{.tokens = p.budget}}};

@@ -71,8 +71,8 @@ struct heterocache_recipe {
     kvsift::roles::stars roles;
   };
   static parts make_parts(const params& p) {
-    roles r{{p.roles, p.rho, p.kernel, p.fixed}};
-    budgeter b{{r.roles_flat, r.stability_flat, r.kv_heads(), p.rho}};
+    roles r{{p.roles, p.rho, p.kernel}};
+    budgeter b = r.budgeter(p.fixed);
     return {scorer{{.kernel = p.kernel, .pool = pooling::avg, .gqa = gqa_reduce::max}},
             selector{}, std::move(b), trigger{{.window = p.drift_window, .tau_drift = p.tau_drift}},
             std::move(r)};
@@ -95,7 +95,9 @@ struct heterocache_recipe {
     using fixed_budget = heterocache_recipe::fixed_budget;
     template <class Roles>  // a roles file (calibrate::heterocache_roles) -> params::roles
     [[nodiscard]] static auto roles_from(const Roles& file) { return roles::from_file(file); }
-    [[nodiscard]] auto budget(int n) const { return self().parts().roles.budget(n); }  // base, caps
+    [[nodiscard]] auto budget(int n) const {  // base, caps: the recipe's budgeter
+      return self().parts().budgeter.caps(self().store().shape().kv_heads, n);
+    }
     [[nodiscard]] std::int32_t prompt_end(int request, int layer) const {
       return at("heterocache.prompt_end", request, layer).prompt_end;
     }

@@ -91,7 +91,7 @@ struct synckv_recipe {
   struct interface {
     // The follower budget of the whole model for a prompt of n tokens.
     [[nodiscard]] budget::synckv_split split(int n) const {
-      return self().parts().roles.budgeter().split(n);
+      return self().parts().budgeter.split(n);
     }
     // Prompt length of (request, layer): positions below it are prefill tokens (-1 before).
     [[nodiscard]] std::int32_t prompt_end(int request, int layer) const {

@@ -79,7 +79,7 @@ struct clusters {
   template <class Trigger>
   [[nodiscard]] int query_window(const Trigger&) const { return 0; }  // no past queries
   [[nodiscard]] bool places() const { return followers() > 0; }  // all R-heads: nothing to place
-  void check_prompt(std::string_view, int) const {}
+  void check_prompt(std::string_view, int, const budget::synckv&) const {}
   void start(slot_state& s, int layer) const {
     s.anticipated = false;
     s.static_pos.assign(static_cast<std::size_t>(p.layers[layer].clusters()), {});
@@ -90,13 +90,12 @@ struct clusters {
   // split their own scores under k (followers score nothing: 0), every follower takes its
   // representative's sets. kept[i]: the working set of ended[i]'s heads.
   template <class Store>
-  void place(const Store& st, const select::static_dynamic& sel, int layer,
+  void place(const Store& st, const select::static_dynamic& sel, const budget::synckv& b, int layer,
              std::span<const int> ended, const score_sets& scores,
              std::span<slot_state* const> states, std::vector<int>& layer_budgets,
              std::vector<index_sets>& kept) const {
     const auto& sh = st.shape();
     const auto& roles = p.layers[layer];
-    const auto b = budgeter();
     std::vector<int> budgets;
     for (std::size_t i = 0; i < ended.size(); ++i) {
       states[i]->split = b.split(st.host_length(ended[i], layer));

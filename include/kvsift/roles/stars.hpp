@@ -48,15 +48,13 @@ struct stars {
     std::vector<std::int32_t> leader;  // [H] a satellite's pivot; a pivot itself; else -1 (or itself)
     std::vector<float> stability;      // [H] s_h
   };
-  struct fixed_budget {  // base and cap [layers * kv_heads] instead of inverse_stability's
-    int base = 0;
-    std::vector<int> cap;
-  };
+  // base and cap [layers * kv_heads] instead of inverse_stability's formula (the recipe's
+  // budgeter takes it: budget::inverse_stability::params::fixed)
+  using fixed_budget = budget::heterocache_caps;
   struct params {
     std::vector<layer_roles> layers;  // [layers]
     double rho = 0.5;
     int kernel = 5;
-    std::optional<fixed_budget> fixed;
   };
   struct slot_state {  // per (request, layer)
     int prompt_first = 0;  // slot count of the prompt in a full head (= n)
@@ -146,30 +144,28 @@ struct stars {
   [[nodiscard]] int kv_heads() const {
     return p.layers.empty() ? 0 : static_cast<int>(p.layers.front().roles.size());
   }
-  // base and the caps of the whole model for a prompt of n tokens.
-  [[nodiscard]] budget::heterocache_caps budget(int n) const {
-    if (p.fixed) {
-      budget::heterocache_caps c;
-      c.base = std::min(p.fixed->base, n);
-      for (const int x : p.fixed->cap) c.cap.push_back(std::min(x, n));
-      return c;
-    }
-    return budget::inverse_stability_caps(roles_flat, stability_flat, kv_heads(), n, p.rho);
+  // The recipe's budgeter (fixed caps, or inverse_stability's over roles_flat and
+  // stability_flat), as the schedule passes it to check_prompt and place.
+  [[nodiscard]] budget::inverse_stability budgeter(std::optional<fixed_budget> fixed) const {
+    return budget::inverse_stability{{roles_flat, stability_flat, kv_heads(), p.rho, std::move(fixed)}};
   }
   // The drift window W: the schedule keeps each request's newest W decode queries.
   template <class Trigger>
   [[nodiscard]] int query_window(const Trigger& t) const { return t.p.window; }
   [[nodiscard]] bool places() const { return true; }
-  void check_prompt(std::string_view, int n) const { (void)budget(n); }
+  void check_prompt(std::string_view, int n, const budget::inverse_stability& b) const {
+    (void)b.caps(kv_heads(), n);
+  }
   void start(slot_state&, int) const {}
 
   // Full-KV heads (pivots, anchors) keep the whole prompt; the others keep the top cap_h of their
   // own scores through the recipe's selector (select::topk: no protected tokens, ties to the
   // lower index). A pivot records its reference set: its top `base` positions.
   template <class Store>
-  void place(const Store& st, const select::topk& sel, int layer, std::span<const int> ended,
-             const score_sets& scores, std::span<slot_state* const> states,
-             std::vector<int>& layer_budgets, std::vector<index_sets>& kept) const {
+  void place(const Store& st, const select::topk& sel, const budget::inverse_stability& budgeter,
+             int layer, std::span<const int> ended, const score_sets& scores,
+             std::span<slot_state* const> states, std::vector<int>& layer_budgets,
+             std::vector<index_sets>& kept) const {
     const auto& sh = st.shape();
     const auto& roles = p.layers[layer];
     const auto H = static_cast<std::size_t>(sh.kv_heads);
@@ -179,7 +175,7 @@ struct stars {
     for (std::size_t i = 0; i < ended.size(); ++i) {
       const int r = ended[i];
       const int n = st.host_length(r, layer);
-      const auto b = budget(n);
+      const auto b = budgeter.caps(sh.kv_heads, n);
       auto& s = *states[i];
       s.prompt_first = n;
       s.base = b.base;

@@ -106,7 +106,8 @@ class schedule::deferred_recall::state {
   void check_prefill(const M& m, std::string_view where, int layer,
                      std::span<const prefill_chunk<T>> chunks, const prefill_totals& tot) const {
     for (const auto& c : chunks) {
-      if (c.last) m.parts().roles.check_prompt(where, m.store().host_length(c.request, layer) + tot.added[c.request]);
+      const int n = m.store().host_length(c.request, layer) + tot.added[c.request];
+      if (c.last) m.parts().roles.check_prompt(where, n, m.parts().budgeter);
     }
   }
   template <class M>
@@ -136,8 +137,8 @@ class schedule::deferred_recall::state {
     if (!rp.places()) return;
     score_input<Store> in{&st, layer, lifecycle_event::prefill_end, ended_, queries_, qpos_, {}};
     m.parts().scorer.score(in, scores_);
-    rp.place(std::as_const(st), m.parts().selector, layer, ended_, scores_, states_, layer_budgets_,
-             kept_);
+    rp.place(std::as_const(st), m.parts().selector, m.parts().budgeter, layer, ended_, scores_, states_,
+             layer_budgets_, kept_);
     for (std::size_t i = 0; i < ended_.size(); ++i) st.retain(ended_[i], layer, kept_[i]);
   }
 

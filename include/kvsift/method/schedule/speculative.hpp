@@ -120,7 +120,8 @@ class schedule::speculative::state {
       if (!c.last || layer < m.parameters().dense_layers) continue;
       const int n1 = st.host_length(c.request, layer) + 1;  // step 1's layout
       const auto lay = m.parts().scorer.layout(n1);
-      if (lay.pages <= m.parameters().budget / ps) continue;
+      const auto& budgets = layer_budgets(m, layer, n1);
+      if (lay.pages <= *std::min_element(budgets.begin(), budgets.end()) / ps) continue;
       // With the prompt's last query, the budget's pages are placed as that query would select
       // them (step 1 still selects with q_1 and recalls what differs); without, sink + window.
       pages_t placed;
@@ -224,7 +225,10 @@ class schedule::speculative::state {
     s.refreshes = refreshes_;
     s.stalls = ts.stalls + sync_stalls_;
     for (int l = 0; l < m.store().shape().layers; ++l) {
-      s.layer_budgets.push_back(l < m.parameters().dense_layers ? -1 : m.parameters().budget);
+      // the recipe's budget of layer l's head 0 at a full pool (budget::uniform: B at any length)
+      s.layer_budgets.push_back(l < m.parameters().dense_layers
+                                    ? -1
+                                    : layer_budgets(m, l, m.store().host_capacity()).front());
     }
   }
   template <class M>
@@ -237,6 +241,16 @@ class schedule::speculative::state {
  private:
   template <class M>
   static int page_size(const M& m) { return m.parameters().page_size; }
+
+  // The recipe's Budgeter: the token budget of each KV head of `layer` when each holds `tokens`
+  // (FreeKV: budget::uniform, B for every head).
+  template <class M>
+  const std::vector<int>& layer_budgets(const M& m, int layer, int tokens) const {
+    const auto& sh = m.store().shape();
+    lengths_.assign(static_cast<std::size_t>(sh.kv_heads), tokens);
+    m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths_}, budgets_);
+    return budgets_;
+  }
 
   // Page sets [kv_heads] of (request, layer) selected with query q ([q_heads, d]) over the host
   // pool's pages on the layout of `tokens` tokens (the pool's length, or one more).
@@ -251,8 +265,7 @@ class schedule::speculative::state {
     score_input<domain::pool_pages<T>> in{&pool, layer, lifecycle_event::decode_step,
                                           {&request, 1}, {&qv, 1}, {&qpos, 1}, {}};
     m.parts().scorer.score(in, scores_, layout);
-    const std::vector<int> budgets(static_cast<std::size_t>(sh.kv_heads), m.parameters().budget);
-    m.parts().selector.select(scores_, budgets, kept_);
+    m.parts().selector.select(scores_, layer_budgets(m, layer, tokens), kept_);
     pages_t out(static_cast<std::size_t>(sh.kv_heads));
     for (int h = 0; h < sh.kv_heads; ++h) out[h].assign(kept_[h].begin(), kept_[h].end());
     refreshes_ += sh.kv_heads;
@@ -364,6 +377,7 @@ class schedule::speculative::state {
   std::int64_t sync_stalls_ = 0;  // synchronous recalls that moved bytes
   score_sets scores_;
   index_sets kept_;
+  mutable std::vector<int> lengths_, budgets_;  // the budgeter's context and answer (scratch)
   std::vector<std::uint8_t> corrected_;  // [plan segments]
 };
 
