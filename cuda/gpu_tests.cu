@@ -462,7 +462,8 @@ TEMPLATE_TEST_CASE("gather copies the selected rows of every layout", "[cuda][ga
   }
 }
 
-TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][attention]",
+TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference, its log-sum-exp too",
+                   "[cuda][attention]",
                    float, kvsift::half, kvsift::bfloat16) {
   KVSIFT_REQUIRE_GPU();
   using T = TestType;
@@ -519,6 +520,7 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
   }
   auto d_q = upload(qt);
   kc::device_buffer<T> d_out(qt.size());
+  kc::device_buffer<float> d_lse(std::size_t(requests) * q_heads);  // the partial's lse
   const kc::sparse_attention_shape shape{requests, q_heads, 0.0f};
   i32 max_entries = 0;
   for (std::size_t s = 0; s + 1 < off.size(); ++s) {
@@ -537,16 +539,18 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
   kc::prepare_sparse_attention_workspace(kc::par{}, plan, ws.data());
   const auto run = [&](const auto& view, const auto& set) {
     if (form == 0) {
-      kc::sparse_decode_attention(kc::par{}, d_q.data(), view, set, shape, d_out.data());
+      kc::sparse_decode_attention(kc::par{}, d_q.data(), view, set, shape, d_out.data(),
+                                  d_lse.data());
     } else {
       kc::sparse_decode_attention(kc::par{}, plan, ws.data(), ws.size(), d_q.data(), view, set,
-                                  shape, d_out.data());
+                                  shape, d_out.data(), d_lse.data());
     }
   };
   // twice with the same workspace, the output overwritten with NaN between: the second launch
   // must find the in-kernel merge's arrival counters back at zero
   for (int launch = 0; launch < 2; ++launch) {
     kc::check(cudaMemset(d_out.data(), 0xff, d_out.bytes()), "test");
+    kc::check(cudaMemset(d_lse.data(), 0xff, d_lse.bytes()), "test");
     cache.with_view([&](const auto& view) {
       if (pages) {
         run(view, kc::page_set{d_off.data(), d_idx.data(), cache.page_size});
@@ -557,6 +561,7 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
   }
   kc::check(cudaDeviceSynchronize(), "test");
   const auto out = download(d_out);
+  const auto lse = download(d_lse);
 
   const double tol = std::is_same_v<T, float> ? 1e-4 : (std::is_same_v<T, kvsift::half> ? 4e-3
                                                                                         : 2e-2);
@@ -579,6 +584,16 @@ TEMPLATE_TEST_CASE("sparse decode attention matches the CPU reference", "[cuda][
       for (double& x : logits) {
         x = std::exp(x - mx);
         z += x;
+      }
+      {  // the log-sum-exp of the scaled logits (-inf: an empty set), in float arithmetic
+        const double want = set.empty() ? -std::numeric_limits<double>::infinity() : mx + std::log(z);
+        const double got = lse[std::size_t(r) * q_heads + hq];
+        CAPTURE(r, hq, want, got);
+        if (set.empty()) {
+          REQUIRE((std::isinf(got) && got < 0));
+        } else {
+          REQUIRE(std::abs(got - want) <= 2e-4 * (1.0 + std::abs(want)));
+        }
       }
       for (int c = 0; c < d; ++c) {
         double o = 0;

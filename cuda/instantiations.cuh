@@ -27,21 +27,21 @@
   KVSIFT_INSTANTIATE_EXTERN template void                                                       \
   kvsift::cuda::sparse_decode_attention<KV<T>, kvsift::cuda::token_set>(                        \
       kvsift::cuda::par, const T*, const KV<T>&, const kvsift::cuda::token_set&,                \
-      kvsift::cuda::sparse_attention_shape, T*);                                                \
+      kvsift::cuda::sparse_attention_shape, T*, float*);                                        \
   KVSIFT_INSTANTIATE_EXTERN template void                                                       \
   kvsift::cuda::sparse_decode_attention<KV<T>, kvsift::cuda::page_set>(                         \
       kvsift::cuda::par, const T*, const KV<T>&, const kvsift::cuda::page_set&,                 \
-      kvsift::cuda::sparse_attention_shape, T*);                                                \
+      kvsift::cuda::sparse_attention_shape, T*, float*);                                        \
   KVSIFT_INSTANTIATE_EXTERN template void                                                       \
   kvsift::cuda::sparse_decode_attention<KV<T>, kvsift::cuda::token_set>(                        \
       kvsift::cuda::par, const kvsift::cuda::sparse_attention_plan&, void*, std::size_t,        \
       const T*, const KV<T>&, const kvsift::cuda::token_set&,                                   \
-      kvsift::cuda::sparse_attention_shape, T*);                                                \
+      kvsift::cuda::sparse_attention_shape, T*, float*);                                        \
   KVSIFT_INSTANTIATE_EXTERN template void                                                       \
   kvsift::cuda::sparse_decode_attention<KV<T>, kvsift::cuda::page_set>(                         \
       kvsift::cuda::par, const kvsift::cuda::sparse_attention_plan&, void*, std::size_t,        \
       const T*, const KV<T>&, const kvsift::cuda::page_set&,                                    \
-      kvsift::cuda::sparse_attention_shape, T*);
+      kvsift::cuda::sparse_attention_shape, T*, float*);
 
 #define KVSIFT_INSTANTIATE_TYPE(T)                                                              \
   KVSIFT_INSTANTIATE_VIEW(T, kvsift::cuda::dense_kv)                                            \

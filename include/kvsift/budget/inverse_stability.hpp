@@ -144,7 +144,7 @@ struct inverse_stability {
     std::vector<float> stability;             // [layers * kv_heads]
     int kv_heads = 1;                         // KV heads per layer (to name a layer in errors)
     double rho = 0.5;
-    std::optional<heterocache_caps> fixed;    // base and cap [layers * kv_heads] instead
+    std::optional<heterocache_caps> fixed = std::nullopt;  // base, cap [layers * kv_heads] instead
   };
   params p{};
   void validate(std::string_view where) const {

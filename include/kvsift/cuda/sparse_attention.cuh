@@ -10,6 +10,9 @@
 //
 // over the tokens t_j of segment s = r * kv_heads + hq / G, G = q_heads / kv_heads (GQA; MHA is
 // G = 1). Arithmetic in float, row max subtracted (online softmax). An empty set gives zeros.
+// On request (`lse`, float [num_requests][num_q_heads] device, null = not written) each query
+// head's log-sum-exp of its scaled logits over the set (-inf for an empty set): `out` is then a
+// partial attention that attention::merge_partials combines with another over disjoint rows.
 // Element types float, half, bfloat16; head_dim 64 or 128 (template-specialised).
 //
 // Kernel shape (split-KV, as flash-decoding): a block serves a tile of up to 4 query heads that
@@ -185,6 +188,20 @@ KVSIFT_DEVICE inline float merge_chunks(const float* part_o, const float* part_m
   }
   return total > 0.0f ? o / total : 0.0f;
 }
+// The log-sum-exp of row `row` from the chunks' (max, sum) pairs: -inf when no chunk saw a token.
+KVSIFT_DEVICE inline float merged_lse(const float* part_ml, std::int32_t splits, std::int64_t rows,
+                                      std::int64_t row) {
+  float big = -INFINITY;
+  for (std::int32_t x = 0; x < splits; ++x) {
+    big = fmaxf(big, __ldcg(part_ml + 2 * (x * rows + row)));
+  }
+  float total = 0.0f;
+  for (std::int32_t x = 0; x < splits; ++x) {
+    const std::int64_t at = x * rows + row;
+    total += __ldcg(part_ml + 2 * at + 1) * merge_weight(__ldcg(part_ml + 2 * at), big);
+  }
+  return total > 0.0f ? big + logf(total) : -INFINITY;
+}
 
 // Stages == 0: each iteration loads its Unroll rows per lane-group into registers, then
 // computes. Stages >= 2: the rows stream through a Stages-deep cp.async ring, so Stages - 1
@@ -197,7 +214,7 @@ __global__ void __launch_bounds__(attention_threads)
                                    Set set, std::int32_t num_q_heads, float scale,
                                    std::int32_t chunk, typename Kv::element_type* __restrict__ out,
                                    float* __restrict__ part_o, float* __restrict__ part_ml,
-                                   unsigned* __restrict__ arrivals) {
+                                   unsigned* __restrict__ arrivals, float* __restrict__ lse) {
   using T = typename Kv::element_type;
   using tile = attention_tile<T, D>;
   using smem_t = attention_smem<D, G, Stages, Unroll, T>;
@@ -429,6 +446,9 @@ __global__ void __launch_bounds__(attention_threads)
     if (part_o == nullptr) {
       const float total = sm_total[g];
       out[(row0 + g) * D + c] = from_float<T>(total > 0.0f ? o / total : 0.0f);
+      if (lse != nullptr && c == 0) {
+        lse[row0 + g] = total > 0.0f ? sm_big[g] + logf(total) : -INFINITY;
+      }
     } else {
       const std::int64_t at = blockIdx.y * rows + row0 + g;
       part_o[at * D + c] = o;
@@ -458,6 +478,9 @@ __global__ void __launch_bounds__(attention_threads)
     const int c = e % D;
     out[(row0 + g) * D + c] =
         from_float<T>(merge_chunks<D>(part_o, part_ml, gridDim.y, rows, row0 + g, c));
+    if (lse != nullptr && c == 0) {
+      lse[row0 + g] = merged_lse(part_ml, gridDim.y, rows, row0 + g);
+    }
   }
   if (threadIdx.x == 0) {
     arrivals[blockIdx.x] = 0;  // every chunk of this launch has arrived: ready for the next
@@ -469,17 +492,22 @@ template <int D, Element T>
 __global__ void __launch_bounds__(D)
     sparse_attention_merge_kernel(const float* __restrict__ part_o,
                                   const float* __restrict__ part_ml, std::int32_t splits,
-                                  std::int64_t rows, T* __restrict__ out) {
+                                  std::int64_t rows, T* __restrict__ out, float* __restrict__ lse) {
   out[blockIdx.x * std::int64_t{D} + threadIdx.x] = from_float<T>(
       merge_chunks<D>(part_o, part_ml, splits, rows, blockIdx.x, static_cast<int>(threadIdx.x)));
+  if (lse != nullptr && threadIdx.x == 0) {
+    lse[blockIdx.x] = merged_lse(part_ml, splits, rows, blockIdx.x);
+  }
 }
 
 // The workspace of a split launch: partial outputs, (max, sum) pairs, and with the in-kernel
-// merge one arrival counter per head tile (zero between launches).
+// merge one arrival counter per head tile (zero between launches); and the caller's optional
+// log-sum-exp output (any launch).
 struct attention_parts {
   float* o = nullptr;
   float* ml = nullptr;
   unsigned* arrivals = nullptr;
+  float* lse = nullptr;
 };
 inline attention_parts carve_attention_parts(void* base, std::int64_t splits,
                                              std::int64_t rows, std::int32_t head_dim,
@@ -570,7 +598,7 @@ void launch_attention(par policy, const typename Kv::element_type* q, const Kv& 
   const auto run = [&](auto kernel) {
     kernel<<<grid, attention_threads, 0, policy.stream>>>(q, kv, set, num_q_heads, scale, chunk,
                                                           out, parts.o, parts.ml,
-                                                          parts.arrivals);
+                                                          parts.arrivals, parts.lse);
   };
   constexpr int S = Pipe::stages;
   constexpr int U = Pipe::unroll;
@@ -583,7 +611,7 @@ void launch_attention(par policy, const typename Kv::element_type* q, const Kv& 
     const std::int64_t rows = std::int64_t{num_requests} * num_q_heads;
     sparse_attention_merge_kernel<D, typename Kv::element_type>
         <<<static_cast<unsigned>(rows), D, 0, policy.stream>>>(parts.o, parts.ml, splits, rows,
-                                                                out);
+                                                                out, parts.lse);
   }
 }
 
@@ -637,7 +665,7 @@ template <class Pipe = default_attention_pipeline, KvView Kv, class Set>
 void run_attention_plan(par policy, const sparse_attention_plan& plan, void* workspace,
                         std::size_t workspace_bytes, const typename Kv::element_type* q,
                         const Kv& kv, const Set& set, sparse_attention_shape shape,
-                        typename Kv::element_type* out) {
+                        typename Kv::element_type* out, float* lse = nullptr) {
   constexpr const char* where = "cuda::sparse_decode_attention";
   check_attention_shape(where, kv.head_dim, kv.num_kv_heads, shape);
   require(plan.num_requests == shape.num_requests && plan.num_q_heads == shape.num_q_heads &&
@@ -669,6 +697,7 @@ void run_attention_plan(par policy, const sparse_attention_plan& plan, void* wor
   if (!plan.merge_in_kernel) {
     parts.arrivals = nullptr;  // the merge kernel instead
   }
+  parts.lse = lse;
   run_attention<Pipe>(where, policy, q, kv, set, shape, plan.num_splits, plan.chunk, out, parts);
 }
 
@@ -717,16 +746,20 @@ void run_attention_plan(par policy, const sparse_attention_plan& plan, void* wor
 //   kv    dense_kv<T> or paged_kv<T>; rows 16-byte aligned (base pointers and strides)
 //   set   token_set or page_set over num_requests * kv.num_kv_heads segments
 //   out   [num_requests][num_q_heads][head_dim] device
+//   lse   optional [num_requests][num_q_heads] float device: each head's log-sum-exp of its
+//         scaled logits over the set (-inf: empty), for attention::merge_partials
 // Throws kvsift::error for head_dim not in {64, 128}, q heads not a multiple of KV heads, bad
 // counts, unaligned rows or null pointers; cuda_error on a launch error.
 template <KvView Kv, class Set>
   requires std::same_as<Set, token_set> || std::same_as<Set, page_set>
 void sparse_decode_attention(par policy, const typename Kv::element_type* q, const Kv& kv,
                              const Set& set, sparse_attention_shape shape,
-                             typename Kv::element_type* out) {
+                             typename Kv::element_type* out, float* lse = nullptr) {
   constexpr const char* where = "cuda::sparse_decode_attention";
   detail::check_attention_shape(where, kv.head_dim, kv.num_kv_heads, shape);
-  detail::run_attention(where, policy, q, kv, set, shape, 1, 0, out, {});
+  detail::attention_parts parts;
+  parts.lse = lse;
+  detail::run_attention(where, policy, q, kv, set, shape, 1, 0, out, parts);
 }
 
 // Zeroes the arrival counters of a split launch's workspace on the stream, where the plan puts
@@ -764,8 +797,9 @@ template <KvView Kv, class Set>
 void sparse_decode_attention(par policy, const sparse_attention_plan& plan, void* workspace,
                              std::size_t workspace_bytes, const typename Kv::element_type* q,
                              const Kv& kv, const Set& set, sparse_attention_shape shape,
-                             typename Kv::element_type* out) {
-  detail::run_attention_plan(policy, plan, workspace, workspace_bytes, q, kv, set, shape, out);
+                             typename Kv::element_type* out, float* lse = nullptr) {
+  detail::run_attention_plan(policy, plan, workspace, workspace_bytes, q, kv, set, shape, out,
+                             lse);
 }
 
 }  // namespace kvsift::cuda

@@ -137,8 +137,8 @@ class schedule::deferred_recall::state {
     if (!rp.places()) return;
     score_input<Store> in{&st, layer, lifecycle_event::prefill_end, ended_, queries_, qpos_, {}};
     m.parts().scorer.score(in, scores_);
-    rp.place(std::as_const(st), m.parts().selector, m.parts().budgeter, layer, ended_, scores_, states_,
-             layer_budgets_, kept_);
+    rp.place(std::as_const(st), m.parts().selector, m.parts().budgeter, layer, ended_, scores_,
+             states_, layer_budgets_, kept_);
     for (std::size_t i = 0; i < ended_.size(); ++i) st.retain(ended_[i], layer, kept_[i]);
   }
 

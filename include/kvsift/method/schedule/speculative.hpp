@@ -226,9 +226,10 @@ class schedule::speculative::state {
     s.stalls = ts.stalls + sync_stalls_;
     for (int l = 0; l < m.store().shape().layers; ++l) {
       // the recipe's budget of layer l's head 0 at a full pool (budget::uniform: B at any length)
-      s.layer_budgets.push_back(l < m.parameters().dense_layers
-                                    ? -1
-                                    : layer_budgets(m, l, m.store().host_capacity()).front());
+      std::vector<int> lengths, budgets;
+      const bool dense = l < m.parameters().dense_layers;
+      if (!dense) budgets_of(m, l, m.store().host_capacity(), lengths, budgets);
+      s.layer_budgets.push_back(dense ? -1 : budgets.front());
     }
   }
   template <class M>
@@ -243,13 +244,18 @@ class schedule::speculative::state {
   static int page_size(const M& m) { return m.parameters().page_size; }
 
   // The recipe's Budgeter: the token budget of each KV head of `layer` when each holds `tokens`
-  // (FreeKV: budget::uniform, B for every head).
+  // (FreeKV: budget::uniform, B for every head), into `out` (`lengths`: its context).
   template <class M>
-  const std::vector<int>& layer_budgets(const M& m, int layer, int tokens) const {
+  static const std::vector<int>& budgets_of(const M& m, int layer, int tokens,
+                                            std::vector<int>& lengths, std::vector<int>& out) {
     const auto& sh = m.store().shape();
-    lengths_.assign(static_cast<std::size_t>(sh.kv_heads), tokens);
-    m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths_}, budgets_);
-    return budgets_;
+    lengths.assign(static_cast<std::size_t>(sh.kv_heads), tokens);
+    m.parts().budgeter.budgets(budget_context{layer, sh.layers, sh.kv_heads, lengths}, out);
+    return out;
+  }
+  template <class M>
+  const std::vector<int>& layer_budgets(const M& m, int layer, int tokens) {
+    return budgets_of(m, layer, tokens, lengths_, budgets_);
   }
 
   // Page sets [kv_heads] of (request, layer) selected with query q ([q_heads, d]) over the host
@@ -377,7 +383,7 @@ class schedule::speculative::state {
   std::int64_t sync_stalls_ = 0;  // synchronous recalls that moved bytes
   score_sets scores_;
   index_sets kept_;
-  mutable std::vector<int> lengths_, budgets_;  // the budgeter's context and answer (scratch)
+  std::vector<int> lengths_, budgets_;  // the budgeter's context and answer (scratch)
   std::vector<std::uint8_t> corrected_;  // [plan segments]
 };
 
