@@ -73,6 +73,18 @@ template <class S, class E> using pyramidkv_t = kvsift::pyramidkv<S, E>;
 template <class S, class E> using lagkv_t = kvsift::lagkv<S, E>;
 template <class S, class E> using dynamickv_t = kvsift::dynamickv<S, E>;
 template <class S, class E> using quest_t = kvsift::quest<S, E>;
+// Recipes that recombine parts across papers: H2O's running attention under PyramidKV's budgets,
+// and SnapKV's window vote re-run after every decode step (StreamingLLM's trigger) under them.
+template <class S, class E>
+using h2o_pyramid_t = kvsift::method<S,
+                                     kvsift::recipe<kvsift::score::cumulative_attention, kvsift::select::topk,
+                                                    kvsift::budget::pyramid, kvsift::trigger::every_step>,
+                                     E>;
+template <class S, class E>
+using snapkv_rolling_t = kvsift::method<S,
+                                        kvsift::recipe<kvsift::score::window_attention, kvsift::select::topk,
+                                                       kvsift::budget::pyramid, kvsift::trigger::every_step>,
+                                        E>;
 
 // Host arrays of T and their device copies.
 template <class T, class E>
@@ -244,6 +256,15 @@ void run_all() {
   run_composition<T, E, lagkv_t>(kvsift::lagkv_params<HS>(4, 6, 0.5), "lagkv");
   run_composition<T, E, lagkv_t>(
       kvsift::lagkv_params<HS>(3, 5, 0.4, 1.0, kvsift::score::lag_variant::knorm), "lagkv knorm");
+  run_composition<T, E, h2o_pyramid_t>(
+      typename h2o_pyramid_t<HS, exec::host>::params{
+          .selector = {.window = 4}, .budgeter = {.tokens = 20, .window = 4, .beta = 3}},
+      "h2o scores, pyramid budgets");
+  run_composition<T, E, snapkv_rolling_t>(
+      typename snapkv_rolling_t<HS, exec::host>::params{
+          .scorer = {.window = 6, .kernel = 3}, .selector = {.window = 6},
+          .budgeter = {.tokens = 22, .window = 6, .beta = 3}},
+      "snapkv scores every step, pyramid budgets");
 }
 
 }  // namespace
