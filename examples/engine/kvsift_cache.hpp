@@ -175,7 +175,7 @@ class kvsift_cache : public kv_cache {
     const std::span<const decode_token<float>> toks(&tok, 1);
     plan_ = &method_->decode(layer, toks);
     if (page_size_ > 0) note_pages(method_->pages());  // the token appended, none evicted yet
-    attended_tokens_ += static_cast<std::int64_t>(plan_->slots.values.size());
+    attended_tokens_ += static_cast<std::int64_t>(plan_->slots.values.size() + plan_->far.values.size());
     full_tokens_ += static_cast<std::int64_t>(position + 1) * shape_.num_kv_heads;
     const auto ms = method_->shape();
     bool contiguous = kernel_ == attention_kernel::engine;

@@ -213,6 +213,7 @@ struct config {
   std::vector<std::vector<int>> layer_budgets;  // per prompt: the last budget of each layer
   std::vector<double> recalled;  // per prompt: bytes recalls installed (host pool -> resident tier)
   std::vector<double> stalls;    // per prompt: decode steps that waited for a transfer
+  std::vector<std::int64_t> far_rows;  // per prompt: host-pool rows attended where they lie
   std::vector<fidelity> fid;     // per prompt: attention-output error and logit KL vs full
   std::vector<int> bytes_right;  // per prompt: answer bytes 1.. right under teacher forcing
   std::vector<int> bytes_scored; // per prompt: answer bytes 1.. (len(answer) - 1)
@@ -220,6 +221,7 @@ struct config {
   std::vector<std::int64_t> peak_pages;  // per prompt (paged store): most pages held at once
   std::vector<std::int64_t> full_pages;  // per prompt (paged store): a full cache's pages at the end
   std::string store;  // the store the method ran over: dense, paged or tiered
+  std::string far;    // a two-tier method's far-tier policy (recall, attend); empty otherwise
   std::string error;  // set when the method could not run (e.g. budget below its window)
   // The registry the cache looks its name up in (the default one plus this model's head roles);
   // shared so it outlives the cache's factory.
@@ -815,6 +817,7 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
     r["method"] = c.method;
     r["budget"] = c.budget;
     r["store"] = c.store;
+    if (!c.far.empty()) r["far"] = c.far;
     if (!c.error.empty()) {
       r["error"] = c.error;
       j["runs"].push_back(r);
@@ -871,6 +874,7 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
                         {"bytes_recalled", c.recalled[i]}, {"stalls", c.stalls[i]},
                         {"prefill_s", x.prefill_seconds}, {"decode_s", x.decode_seconds}};
       if (x.task == "chain") it["hops_right"] = x.hops_right;
+      if (!c.far.empty()) it["far_rows"] = c.far_rows[i];
       it["bytes_right_tf"] = c.bytes_right[i];
       it["bytes_scored_tf"] = c.bytes_scored[i];
       it["layer_resident_kv"] = c.layer_resident[i];
@@ -1050,6 +1054,7 @@ struct run_options {
   std::string exec = "host";  // --exec: registry_on_exec (exec_choice.hpp)
   std::string store = "dense";  // --store: the one-tier methods' store (dense or paged)
   int page_size = 16;           // --page-size: tokens per page of --store paged
+  kvsift::far_tier far = kvsift::far_tier::recall;  // --far: the two-tier methods' far-tier policy
   bool verbose = false;  // per-layer table
 };
 
@@ -1162,6 +1167,9 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
     on_store = std::make_shared<const method_registry<float>>(
         method_registry_paged<float>(*on_exec, o.page_size));
   }
+  if (o.far != kvsift::far_tier::recall) {
+    on_store = std::make_shared<const method_registry<float>>(method_registry_far<float>(*on_store, o.far));
+  }
   const auto registry = registry_with_roles(jb.model_dir, o, model.config(), *on_store);
   std::vector<premise_stats> premise = premise_setup(jb.model_dir, o, model.config());
   for (const auto& m : o.methods) {
@@ -1171,6 +1179,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
       c.budget = b;
       c.registry = registry;
       c.store = detail::is_one_tier_method(m) ? o.store : "tiered";
+      if (!detail::is_one_tier_method(m)) c.far = std::string(kvsift::to_string(o.far));
       c.cache = std::make_unique<ex::kvsift_cache>(  // throws for an unknown name
           m, b, ex::cache_options{.keep_fraction = std::nullopt, .roles_file = o.roles_file,
                                  .match_resident = o.match_resident, .registry = registry.get()});
@@ -1231,6 +1240,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
           c.notes.push_back(c.cache->parameter_note());
           c.recalled.push_back(static_cast<double>(c.cache->stats().bytes_transferred));
           c.stalls.push_back(static_cast<double>(c.cache->stats().stalls));
+          c.far_rows.push_back(c.cache->stats().far_rows);
           if (c.cache->page_size() > 0) {  // a full cache's pages at the end: prompt + decoded
             const std::int64_t P = c.cache->page_size();
             const std::int64_t tokens = r.prompt_len + r.decode_steps;
@@ -1262,6 +1272,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
     j = to_json(jb.model_dir, o.kernel_name, match, jb.files, configs, contexts);
     j["exec"] = o.exec;
     j["store"] = o.store;
+    j["far"] = std::string(kvsift::to_string(o.far));
     if (!premise.empty()) j["premise"] = premise_json(premise);
     if (json) return j;
   }
@@ -1291,7 +1302,8 @@ int eval(const std::vector<std::string>& args) {
         "                   [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE]\n"
         "                   [--json] [--json-out FILE] [--plot FILE.svg] [--limit N]\n"
         "                   [--kernel library|engine] [--exec host|thrust-cpp|thrust-omp]\n"
-        "                   [--store dense|paged] [--page-size P] [--verbose]\n"
+        "                   [--store dense|paged] [--page-size P] [--far recall|attend]\n"
+        "                   [--verbose]\n"
         "  defaults: both shipped models, each on its shipped prompts (protocol v2: the answer's\n"
         "  separator space ends the prompt): data/tiny-recall on\n"
         "  data/eval/{passkey,chain}.jsonl (12 + 12) and data/recall-8kv on the first 12 of\n"
@@ -1318,6 +1330,11 @@ int eval(const std::vector<std::string>& args) {
         "  full cache's pages on the same prompts (full_pages). SyncKV, HeteroCache and FreeKV\n"
         "  run over their two-tier store (store::tiered) whatever --store says; the JSON names\n"
         "  each run's store. Host exec only (no paged store in device memory yet).\n"
+        "  --far recall|attend: where SyncKV, HeteroCache and FreeKV read the host-pool rows a\n"
+        "  step needs: recall copies them into the resident tier (default); attend leaves them\n"
+        "  in the host pool and attends them there, merged by log-sum-exp (bytes_recalled 0;\n"
+        "  far_rows counts them). The JSON names the policy (\"far\"). Host exec and the\n"
+        "  library kernel only so far.\n"
         "  Fidelity (table and JSON): each prompt is also decoded through the engine's full_cache;\n"
         "  att.err is the relative L2 error of each layer's attention output against it (mean over\n"
         "  layers and over the decode steps whose tokens so far equal the full cache's), KL the\n"
@@ -1335,11 +1352,11 @@ int eval(const std::vector<std::string>& args) {
   static const std::set<std::string> known = {"--model", "--prompts", "--methods", "--budgets",
                                               "--json",  "--plot",    "--limit",   "--kernel",
                                               "--match", "--roles",   "--verbose", "--json-out",
-                                              "--exec",  "--store", "--page-size"};
+                                              "--exec",  "--store", "--page-size", "--far"};
   for (std::size_t i = 0; i < args.size(); ++i) {
     require(known.count(args[i]) > 0, "kvsift eval", "argument", args[i],
             "one of --model --prompts --methods --budgets --match --roles --json --json-out --plot "
-            "--limit --kernel --exec --store --page-size --verbose");
+            "--limit --kernel --exec --store --page-size --far --verbose");
     if (args[i] != "--json" && args[i] != "--verbose") {
       require(i + 1 < args.size(), "kvsift eval", args[i], "missing", "a value");
       ++i;
@@ -1383,6 +1400,19 @@ int eval(const std::vector<std::string>& args) {
     require(r.ec == std::errc() && r.ptr == ps.data() + ps.size() && v > 0 && v <= 4096,
             "kvsift eval", "--page-size", ps, "an integer in [1, 4096] (tokens per page)");
     o.page_size = v;
+  }
+  {
+    const std::string far = option(args, "--far", "recall");
+    require(far == "recall" || far == "attend", "kvsift eval", "--far", far,
+            "recall (copy the host-pool rows a step needs into the resident tier) or attend "
+            "(attend them in the host pool, merged by log-sum-exp)");
+    o.far = far == "attend" ? kvsift::far_tier::attend : kvsift::far_tier::recall;
+    require(o.far == kvsift::far_tier::recall || o.exec == "host", "kvsift eval", "--far", far,
+            "recall with --exec " + o.exec + ": attend runs on the host exec only so far");
+    require(o.far == kvsift::far_tier::recall || o.kernel == ex::attention_kernel::library,
+            "kvsift eval", "--far", far,
+            "recall with --kernel engine: the engine's kernel reads the resident rows only (use "
+            "--kernel library, which attends the plan's far rows too)");
   }
   const bool json = flag(args, "--json");
   o.verbose = flag(args, "--verbose");

@@ -466,6 +466,11 @@ TEMPLATE_LIST_TEST_CASE("device freekv: bad input throws and leaves the store un
   bad.budget = 8;
   REQUIRE_THROWS_WITH((kvsift::freekv<float, E>(s.ds, bad)),
                       Catch::Matchers::ContainsSubstring("budget"));
+  // the far-tier policy attend runs on exec::host only so far
+  auto far = p;
+  far.far = kvsift::far_tier::attend;
+  REQUIRE_THROWS_WITH((kvsift::freekv<float, E>(s.ds, far)),
+                      Catch::Matchers::ContainsSubstring("params.far"));
   CHECK(s.ds.resident_tokens() == resident);
   CHECK(s.ds.host_length(0, 0) == pool);
   CHECK(s.dm.stats().refreshes == before.refreshes);

@@ -20,6 +20,7 @@
 
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -268,6 +269,9 @@ TEMPLATE_LIST_TEST_CASE("device synckv: a recall not installed leaves stale rows
   kvsift::thrust::tiered_store<float, E> ds(e, one, 1, 128, 128);
   kvsift::synckv<float> hm(hs, p);
   kvsift::synckv<float, E> dm(ds, p);
+  auto far = p;  // the far-tier policy attend runs on exec::host only so far
+  far.far = kvsift::far_tier::attend;
+  REQUIRE_THROWS_WITH((kvsift::synckv<float, E>(ds, far)), Catch::Matchers::ContainsSubstring("params.far"));
   std::mt19937 rng(5);
   const int H = one.kv_heads, Q = one.q_heads, d = one.head_dim, n = 64;
   using space = typename E::memory_space;

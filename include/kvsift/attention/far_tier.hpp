@@ -18,8 +18,10 @@
 #include <kvsift/attention/merge.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/cpu/decode_attention.hpp>
+#include <kvsift/cpu/parallel.hpp>
 #include <kvsift/store/tiered.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -88,6 +90,45 @@ void attend_slots(const store::tiered<T>& st, std::int64_t seq, std::span<const 
     values.push_back(st.value(seq, slots[i]));
   }
   detail::attend_rows_partial<T>(st.shape().head_dim, keys, values, q, G, out, lse);
+}
+
+// A decode step's attention under far_tier::attend: for the tokens of a batch (token i is
+// request plan.requests[i], its query [q_heads, d] at query_of(i)), each KV head attends its
+// resident slots plan.slots[s] and its host-pool positions plan.far[s] (s = i * kv_heads + h) as
+// two partials, merged by log-sum-exp into out [tokens, q_heads, d]. Equal to attending the union
+// of the two sets of rows, up to rounding. Segments run in parallel (cpu::parallel_for): each one
+// computes both of its partials, so the host part of one head overlaps the resident part of
+// another.
+template <Element T, class QueryOf>
+void attend_plan_far(const store::tiered<T>& st, int layer, std::size_t tokens, QueryOf&& query_of,
+                     const index_sets& slots, const index_sets& far, std::span<const int> requests,
+                     float* out) {
+  constexpr std::string_view where = "attention::attend_plan_far";
+  const auto& sh = st.shape();
+  const auto jobs = static_cast<std::int64_t>(tokens) * sh.kv_heads;
+  require(slots.segments() == jobs && far.segments() == jobs && requests.size() == tokens, where,
+          "plan segments", far.segments(), [&] {
+            return "one slot and one far segment per token and KV head (" + std::to_string(jobs) + ")";
+          });
+  const int G = sh.group_size(), d = sh.head_dim;
+  const std::size_t out_stride = static_cast<std::size_t>(sh.q_heads) * d;
+  const std::int64_t work =
+      static_cast<std::int64_t>(slots.values.size() + far.values.size()) * d * (G + 1) / std::max<std::int64_t>(jobs, 1);
+  cpu::parallel_for(jobs, [&](std::int64_t job) {
+    thread_local std::vector<float> near_out, near_lse, far_out, far_lse;
+    near_out.resize(static_cast<std::size_t>(G) * d);
+    far_out.resize(near_out.size());
+    near_lse.resize(static_cast<std::size_t>(G));
+    far_lse.resize(near_lse.size());
+    const auto i = static_cast<std::size_t>(job / sh.kv_heads);
+    const int h = static_cast<int>(job % sh.kv_heads);
+    const auto seq = sh.sequence(requests[i], layer, h);
+    const float* q = query_of(i) + static_cast<std::size_t>(h) * G * d;
+    attend_slots(st, seq, slots[static_cast<int>(job)], q, G, near_out.data(), near_lse.data());
+    attend_host_rows(st, seq, far[static_cast<int>(job)], q, G, far_out.data(), far_lse.data());
+    merge_partials(G, d, near_out.data(), near_lse.data(), far_out.data(), far_lse.data(),
+                   out + i * out_stride + static_cast<std::size_t>(h) * G * d);
+  }, cpu::par, work);
 }
 
 }  // namespace kvsift::attention

@@ -258,6 +258,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         heads_d_(exec_, static_cast<std::size_t>(layers_) * H_),
         cseg_d_(exec_, static_cast<std::size_t>(layers_) * H_),
         step_(m.store()) {
+    detail::require_far_recall(Recipe::name, m.parameters());
     // per layer: the representatives with followers (one segment each, cluster order) and each
     // follower's segment; uploaded once
     const auto& roles = m.parts().roles.p.layers;

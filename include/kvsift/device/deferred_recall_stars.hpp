@@ -293,6 +293,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         targets_(exec_, satellite_per()),
         heads_d_(exec_, static_cast<std::size_t>(layers_ + 1) * H_),
         step_(m.store()) {
+    detail::require_far_recall(Recipe::name, m.parameters());
     // per layer its pivots (monitored first) at l * H; every head 0..H-1 at layers * H
     std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_ + 1) * H_, 0);
     for (int l = 0; l < layers_; ++l) {

@@ -211,6 +211,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
                                                                page_cap_)),
         plan_pages_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ * page_cap_),
         step_(m.store()) {
+    detail::require_far_recall(Recipe::name, m.parameters());
     const auto policy = exec_.policy();
     std::vector<std::int32_t> window(static_cast<std::size_t>(H_) + 1, window_pages_);
     window.back() = 0;  // the padding segment protects nothing

@@ -73,6 +73,7 @@ struct method_config {
   std::vector<select::cluster_roles> synckv_roles;    // [layers] SyncKV clusters; empty: none
   std::vector<heterocache_layer> heterocache_roles;  // [layers] HeteroCache roles; empty: none
   std::string note;  // what a resident-fraction hook set, for tables ("B=126", "lag 16, keep 3")
+  far_tier far = far_tier::recall;  // the two-tier methods' far-tier policy (the others ignore it)
 
   [[nodiscard]] double option(const std::string& key, double fallback) const {
     const auto it = options.find(key);
@@ -310,8 +311,10 @@ inline int freekv_dense_layers(const method_config& c) {
 // freekv_dense_layers; sink = window = B/4 in whole pages (freekv_params).
 template <Element T>
 typename freekv<T>::params freekv_params_of(const method_config& c) {
-  return freekv_params<T>(c.budget, c.integer_option("page_size", 16, 1), c.option("tau", 0.8),
-                          freekv_dense_layers(c));
+  auto p = freekv_params<T>(c.budget, c.integer_option("page_size", 16, 1), c.option("tau", 0.8),
+                            freekv_dense_layers(c));
+  p.far = c.far;
+  return p;
 }
 
 template <Element T>
@@ -324,6 +327,7 @@ typename synckv<T>::params synckv_params_of(const method_config& c) {
   p.rho = c.option("static_share", p.rho);
   p.memory_fraction = c.option("memory_fraction", p.memory_fraction);
   p.roles = c.synckv_roles;
+  p.far = c.far;
   return p;
 }
 
@@ -340,6 +344,7 @@ typename heterocache<T>::params heterocache_params_of(const method_config& c) {
     const std::vector<method_config::heterocache_layer>& layers;
   };
   p.roles = heterocache<T>::roles_from(file_view{c.heterocache_roles});
+  p.far = c.far;
   return p;
 }
 
@@ -469,6 +474,23 @@ method_registry<T> method_registry_paged(const method_registry<T>& base, int pag
   for (const auto& name : base.names()) {
     method_entry<T> e = base.at(name);
     if (detail::is_one_tier_method(name)) e.make = detail::make_paged<T>(name, page_size);
+    out.add(std::move(e));
+  }
+  return out;
+}
+
+// `base` with every entry built under the far-tier policy `far` (method_config::far: the two-tier
+// methods read it, the others ignore it). `kvsift eval --far` runs on it.
+template <Element T>
+method_registry<T> method_registry_far(const method_registry<T>& base, far_tier far) {
+  method_registry<T> out;
+  for (const auto& name : base.names()) {
+    method_entry<T> e = base.at(name);
+    e.make = [make = std::move(e.make), far](const method_config& c) {
+      method_config with = c;
+      with.far = far;
+      return make(with);
+    };
     out.add(std::move(e));
   }
   return out;

@@ -52,6 +52,7 @@ struct freekv_recipe {
     double tau = 0.8;      // correction threshold on the group-mean query cosine
     kvsift::score::freekv_merge merge = kvsift::score::freekv_merge::softmax_mean;
     int dense_layers = 1;  // layers [0, dense_layers) keep and read everything
+    far_tier far = far_tier::recall;  // host-pool rows a step needs: recalled, or attended there
   };
   struct parts {
     kvsift::score::freekv_pages scorer;

@@ -62,6 +62,7 @@ struct heterocache_recipe {
     int kernel = 5;           // avg pooling of the last-query attention
     std::vector<layer_roles> roles;     // [layers] (calibration)
     std::optional<fixed_budget> fixed;  // replaces budget::inverse_stability when set
+    far_tier far = far_tier::recall;  // host-pool rows a step needs: recalled, or attended there
   };
   struct parts {
     kvsift::score::last_query_attention scorer;

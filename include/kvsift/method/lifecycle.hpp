@@ -67,7 +67,44 @@ struct attention_plan {
   index_sets positions;       // [R * kv_heads] their original positions
   index_sets pages;           // page-level methods: [R * kv_heads] selected pages (every page in
                               // a dense layer); empty otherwise
+  // A two-tier method under far_tier::attend: [R * kv_heads] positions of the host pool that the
+  // step also reads where they lie (not resident, never recalled; attention/far_tier.hpp attends
+  // them and merges by log-sum-exp). Empty otherwise: `slots` is everything the step reads.
+  index_sets far;
 };
+
+// Where a two-tier method (SyncKV, HeteroCache, FreeKV) reads the host-pool rows a step needs
+// that are not resident:
+//   recall  copies them into the resident tier (a recall, counted in bytes_transferred) and
+//           attends the resident tier only (the papers' behaviour, the default);
+//   attend  leaves them in the host pool and attends them there (attention_plan::far), merging
+//           the two partial attentions by log-sum-exp; nothing is recalled. Same rows, same
+//           output up to rounding; what moves is compute, not bytes.
+enum class far_tier { recall, attend };
+
+[[nodiscard]] inline std::string_view to_string(far_tier f) {
+  return f == far_tier::attend ? "attend" : "recall";
+}
+
+namespace detail {
+// A recipe's far-tier policy: its params' `far` (SyncKV, HeteroCache, FreeKV), recall when its
+// params have none.
+template <class Params>
+[[nodiscard]] far_tier far_policy_of(const Params& p) {
+  if constexpr (requires { { p.far } -> std::convertible_to<far_tier>; }) {
+    return p.far;
+  } else {
+    return far_tier::recall;
+  }
+}
+// A device state's check: far_tier::attend runs on exec::host only for now.
+template <class Params>
+void require_far_recall(std::string_view where, const Params& p) {
+  require(far_policy_of(p) == far_tier::recall, where, "params.far", to_string(far_policy_of(p)),
+          "far_tier::recall on a device exec (far_tier::attend, attending the host pool where it "
+          "lies, runs on exec::host only so far)");
+}
+}  // namespace detail
 
 // Non-finite activations are rejected at the lifecycle boundary (prefill, decode), before
 // anything is appended: a NaN or infinite key, value or query makes every score and attention
@@ -198,6 +235,8 @@ struct method_stats {
   std::int64_t refreshes = 0;          // compression / selection rounds run
   std::int64_t stalls = 0;             // waits for a transfer inside a step
   std::vector<int> layer_budgets;      // [layers] last budget (tokens) applied per layer, -1 if none
+  std::int64_t far_rows = 0;           // host-pool rows attended where they lie (far_tier::attend),
+                                       // summed over the steps' plans
   std::int64_t pages = -1;             // pages a paged store holds now (-1: the store is not paged)
   int page_size = 0;                   // its tokens per page (0: not paged)
 };

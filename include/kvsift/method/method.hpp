@@ -29,6 +29,7 @@
 // needs attention probabilities from the engine (attention-based scorers recompute them from
 // the queries handed to prefill/decode); ragged batches and chunked prefill are the normal case.
 
+#include <kvsift/attention/far_tier.hpp>
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/exec.hpp>
@@ -284,6 +285,14 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
     binding_.check(where, layer, tokens, plan_.requests, true);
     require(out != nullptr || tokens.empty(), where, "out", "null",
             "a [tokens, q_heads, d] output array");
+    if constexpr (Exec_::host_visible && TieredStore<Store_>) {
+      if (plan_.far.segments() > 0) {  // far_tier::attend: the host-pool part where it lies
+        attention::attend_plan_far(*store_, layer, tokens.size(),
+                                   [&](std::size_t i) { return tokens[i].query; }, plan_.slots,
+                                   plan_.far, plan_.requests, out);
+        return;
+      }
+    }
     if constexpr (Exec_::host_visible) {
       attention::attend_plan_batch(
           *store_, layer, tokens.size(), [&](std::size_t i) { return tokens[i].request; },

@@ -52,6 +52,7 @@ struct synckv_recipe {
     double rho = 0.5;               // static share of a follower's budget
     double memory_fraction = 0.3;   // M: device-resident share of the prefill KV
     std::vector<roles_type> roles;  // [layers] head roles (calibration); N_r clusters each
+    far_tier far = far_tier::recall;  // host-pool rows a step needs: recalled, or attended there
   };
   struct parts {
     kvsift::score::last_query_attention scorer;

@@ -82,7 +82,9 @@ class schedule::deferred_recall::state {
   explicit state(const M& m)
       : xfer_(std::make_unique<transfer::async<T>>()),
         slots_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers),
-        pending_(slots_.size()),
+        pending_(slots_.size(),
+                 static_cast<std::size_t>(m.store().requests()) * m.store().shape().sequences_per_request(),
+                 detail::far_policy_of(m.parameters())),
         layer_budgets_(static_cast<std::size_t>(m.store().shape().layers), -1) {}
   state(state&&) noexcept = default;
 
@@ -164,6 +166,7 @@ class schedule::deferred_recall::state {
     }
     hooks::append_tokens(m, layer, tokens);
     detail::plan_whole_working_set(st, layer, plan);
+    pending_.fill_far(st, layer, plan, far_rows_);
     st.debug_verify();
   }
 
@@ -222,9 +225,11 @@ class schedule::deferred_recall::state {
   // Cancels the request's recalls, drops its state and its tokens from both tiers.
   template <class M>
   void reset(M& m, int request) {
-    for (int l = 0; l < m.store().shape().layers; ++l) {
+    const auto& sh = m.store().shape();
+    for (int l = 0; l < sh.layers; ++l) {
       pending_.cancel(*xfer_, m.slot(request, l));
       slots_[m.slot(request, l)] = {};
+      for (int h = 0; h < sh.kv_heads; ++h) pending_.clear_far(sh.sequence(request, l, h));
     }
     m.store().reset(request);
   }
@@ -238,6 +243,7 @@ class schedule::deferred_recall::state {
     s.bytes_transferred = m.store().stats().bytes_to_device;
     s.refreshes = refreshes_;
     s.stalls = xs.stalls;
+    s.far_rows = far_rows_;
     s.layer_budgets = layer_budgets_;
   }
   template <class M>
@@ -251,7 +257,7 @@ class schedule::deferred_recall::state {
   std::vector<slot_state> slots_;  // [requests * layers]
   pending_type pending_;
   std::vector<int> layer_budgets_;
-  std::int64_t refreshes_ = 0, checks_ = 0, rows_recalled_ = 0;
+  std::int64_t refreshes_ = 0, checks_ = 0, rows_recalled_ = 0, far_rows_ = 0;
   // scratch
   std::vector<int> ended_, firing_;
   std::vector<kv_view<const float, nhd>> queries_, windows_;

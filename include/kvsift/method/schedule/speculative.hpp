@@ -77,7 +77,9 @@ class schedule::speculative::state {
   template <class M>
   explicit state(const M& m)
       : xfer_(std::make_unique<transfer::async<T>>()),
-        pending_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers),
+        pending_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers,
+                 static_cast<std::size_t>(m.store().requests()) * m.store().shape().sequences_per_request(),
+                 detail::far_policy_of(m.parameters())),
         steps_(pending_.keys(), 0) {
     const int p = page_size(m);
     require(m.store().page_size() == p, Recipe::name, "page_size", p,
@@ -174,6 +176,7 @@ class schedule::speculative::state {
       }
     }
     fill_positions(m, layer, plan);
+    pending_.fill_far(m.store(), layer, plan, far_rows_);
     m.store().debug_verify();
   }
 
@@ -208,6 +211,7 @@ class schedule::speculative::state {
       for (int h = 0; h < sh.kv_heads; ++h) {
         m.parts().trigger.forget(sh.sequence(request, l, h));
         m.parts().scorer.forget(sh.sequence(request, l, h));
+        pending_.clear_far(sh.sequence(request, l, h));
       }
     }
     pending_.cancel_discarded(*xfer_);  // recalls of any request: none may read a pool being reset
@@ -224,6 +228,7 @@ class schedule::speculative::state {
     s.bytes_transferred = m.store().stats().bytes_to_device;
     s.refreshes = refreshes_;
     s.stalls = ts.stalls + sync_stalls_;
+    s.far_rows = far_rows_;
     for (int l = 0; l < m.store().shape().layers; ++l) {
       // the recipe's budget of layer l's head 0 at a full pool (budget::uniform: B at any length)
       std::vector<int> lengths, budgets;
@@ -346,9 +351,10 @@ class schedule::speculative::state {
         if (!now[h]) continue;
         pages[h] = std::move(fresh[h]);
         // a synchronous recall on this thread (no hand-off to the worker): the step waits for it
+        // (under far_tier::attend the missing rows stay where they are: nothing to wait for)
         const auto before = st.stats().bytes_to_device;
-        st.promote(sh.sequence(t.request, layer, h),
-                   pool.page_positions(t.request, layer, page_size(m), pages[h]));
+        pending_.place(st, sh.sequence(t.request, layer, h),
+                       pool.page_positions(t.request, layer, page_size(m), pages[h]));
         sync_stalls_ += st.stats().bytes_to_device > before ? 1 : 0;
       }
     }
@@ -381,6 +387,7 @@ class schedule::speculative::state {
   std::int64_t refreshes_ = 0;
   std::int64_t corrections_made_ = 0;
   std::int64_t sync_stalls_ = 0;  // synchronous recalls that moved bytes
+  std::int64_t far_rows_ = 0;     // host-pool rows the plans attended where they lie (attend)
   score_sets scores_;
   index_sets kept_;
   std::vector<int> lengths_, budgets_;  // the budgeter's context and answer (scratch)

@@ -28,6 +28,13 @@
 // target with nothing to fetch is applied by store.promote, which copies nothing. cancel() drops
 // a pending recall and its decision (reset of a request). Cost: one transfer per key per
 // decision; O(resident) per installed head-sequence.
+//
+// The far-tier policy (far_tier, method/lifecycle.hpp) is applied here, in the one place every
+// row that enters a working set passes through: under far_tier::attend, submit() sends nothing,
+// and complete() and place() set each working set to the target's resident positions only, the
+// rest kept per head-sequence as its far rows (far(seq)), which fill_far() puts into the step's
+// plan. The decision is committed at the same step as under recall, so both policies read the
+// same rows at every step.
 
 #include <kvsift/attention/reference.hpp>
 #include <kvsift/method/lifecycle.hpp>
@@ -55,7 +62,51 @@ class pending_recalls {
     std::int32_t boundary = 0;          // positions >= boundary (decode tokens) are kept as resident
   };
 
-  explicit pending_recalls(std::size_t keys = 0) : slots_(keys) {}
+  explicit pending_recalls(std::size_t keys = 0, std::size_t seqs = 0, far_tier policy = far_tier::recall)
+      : slots_(keys), far_(policy == far_tier::attend ? seqs : 0), policy_(policy) {}
+
+  [[nodiscard]] far_tier policy() const { return policy_; }
+  // The host-pool positions head-sequence seq reads where they lie (empty under recall).
+  [[nodiscard]] std::span<const std::int32_t> far(std::int64_t seq) const {
+    return far_.empty() ? std::span<const std::int32_t>{} : std::span<const std::int32_t>(far_[seq]);
+  }
+  // Forgets seq's far rows (a reset, a new prompt).
+  void clear_far(std::int64_t seq) {
+    if (!far_.empty()) far_[seq].clear();
+  }
+
+  // Sets the working set of seq to `positions` (ascending, in the host pool) now: under recall
+  // the missing rows are copied synchronously (store.promote, a stall's worth of copy); under
+  // attend the resident ones stay, the others become seq's far rows.
+  void place(store::tiered<T>& st, std::int64_t seq, std::span<const std::int32_t> positions) {
+    if (policy_ == far_tier::recall) {
+      st.promote(seq, positions);
+      return;
+    }
+    thread_local std::vector<std::int32_t> near;
+    near.clear();
+    auto& far = far_[seq];
+    far.clear();
+    for (const auto pos : positions) (st.resident(seq, pos) ? near : far).push_back(pos);
+    st.promote(seq, near);  // every row resident: copies nothing, drops what left the set
+  }
+
+  // The step's far rows into plan.far, one segment per segment of plan.slots (requests x KV
+  // heads of `layer`); plan.far is left empty under recall.
+  void fill_far(const store::tiered<T>& st, int layer, attention_plan& plan, std::int64_t& rows) const {
+    plan.far.clear();
+    if (policy_ == far_tier::recall) return;
+    const auto& sh = st.shape();
+    plan.far.offsets.assign(1, 0);
+    for (const int r : plan.requests) {
+      for (int h = 0; h < sh.kv_heads; ++h) {
+        const auto& f = far_[sh.sequence(r, layer, h)];
+        plan.far.values.insert(plan.far.values.end(), f.begin(), f.end());
+        plan.far.offsets.push_back(static_cast<std::int32_t>(plan.far.values.size()));
+      }
+    }
+    rows += static_cast<std::int64_t>(plan.far.values.size());
+  }
 
   [[nodiscard]] bool has(std::size_t key) const { return slots_[key].active; }
   [[nodiscard]] bool in_flight(const transfer::async<T>& x, std::size_t key) const {
@@ -79,6 +130,7 @@ class pending_recalls {
     std::vector<transfer::recall_request> what;
     std::int64_t rows = 0;
     for (const auto& t : targets) {
+      if (policy_ == far_tier::attend) break;  // nothing moves: complete() places what is resident
       transfer::recall_request r{t.seq, {}};
       for (const auto pos : t.prefill) {
         if (!st.resident(t.seq, pos)) r.positions.push_back(pos);
@@ -110,7 +162,7 @@ class pending_recalls {
     s.decision = {};
     s.rows = 0;
     if (ticket == 0) {
-      for (const auto& t : targets) st.promote(t.seq, working_set(st, t));
+      for (const auto& t : targets) place(st, t.seq, working_set(st, t));
     } else {
       const store::landing<T>* landed = nullptr;
       try {
@@ -161,7 +213,12 @@ class pending_recalls {
       }
     }
     for (std::size_t i = 0; i < targets.size(); ++i) {
-      if (keep(i)) st.install(targets[i].seq, working_set(st, targets[i]), *landed);
+      if (!keep(i)) continue;
+      if (policy_ == far_tier::attend) {
+        place(st, targets[i].seq, working_set(st, targets[i]));
+      } else {
+        st.install(targets[i].seq, working_set(st, targets[i]), *landed);
+      }
     }
     if (ticket != 0) x.release(ticket);
     commit(std::move(decision));
@@ -213,6 +270,8 @@ class pending_recalls {
   }
   std::vector<slot> slots_;
   std::vector<typename transfer::async<T>::ticket> discarded_;  // discard()ed, still running
+  std::vector<std::vector<std::int32_t>> far_;  // [head-sequences] under attend: far rows, ascending
+  far_tier policy_ = far_tier::recall;
 };
 
 // The plan of a step that reads every resident token of each head-sequence of `plan.requests`
