@@ -697,19 +697,27 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
   }
   // the tiered methods' traffic: what they recalled from the host pool and the steps that waited
   bool any_transfer = false;
-  for (const auto& c : configs) any_transfer = any_transfer || (c.error.empty() && mean(c.recalled) > 0);
+  const auto mean_far = [](const config& c) {
+    double sum = 0;
+    for (const auto x : c.far_rows) sum += static_cast<double>(x);
+    return c.far_rows.empty() ? 0.0 : sum / static_cast<double>(c.far_rows.size());
+  };
+  for (const auto& c : configs) {
+    any_transfer = any_transfer || (c.error.empty() && (mean(c.recalled) > 0 || mean_far(c) > 0));
+  }
   if (any_transfer) {
-    std::printf("\n%-14s %6s %14s %14s %10s\n", "method", "budget", "params", "recalled KiB",
-                "stalls");
+    std::printf("\n%-14s %6s %14s %14s %10s %12s\n", "method", "budget", "params", "recalled KiB",
+                "stalls", "far rows");
     for (const auto& c : configs) {
-      if (!c.error.empty() || (mean(c.recalled) == 0 && mean(c.stalls) == 0)) continue;
-      std::printf("%-14s %6s %14s %14.1f %10.2f\n", c.method.c_str(),
+      if (!c.error.empty() || (mean(c.recalled) == 0 && mean(c.stalls) == 0 && mean_far(c) == 0)) continue;
+      std::printf("%-14s %6s %14s %14.1f %10.2f %12.0f\n", c.method.c_str(),
                   budget_label(c.budget).c_str(), c.notes.empty() ? "" : c.notes.front().c_str(),
-                  mean(c.recalled) / 1024.0, mean(c.stalls));
+                  mean(c.recalled) / 1024.0, mean(c.stalls), mean_far(c));
     }
     std::printf("(per prompt, mean: bytes that recalls installed host pool -> resident tier, equal\n"
-                "on every exec; decode steps that waited for a recall; methods that moved nothing\n"
-                "are not listed)\n");
+                "on every exec; decode steps that waited for a recall; host-pool rows attended\n"
+                "where they lie, summed over steps, layers and KV heads (--far attend); methods\n"
+                "that moved and attended nothing there are not listed)\n");
   }
   // a paged store's pages: the most held at once against a full cache's on the same prompts
   bool any_pages = false;
