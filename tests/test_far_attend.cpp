@@ -7,6 +7,8 @@
 // the far rows are counted; ragged batches of two requests with two-chunk prompts; a reset while
 // far rows are held. The device execs refuse the policy (tests/thrust/test_device_{synckv,freekv}.cpp).
 
+#include "request_tokens.hpp"
+
 #include <kvsift/kvsift.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -24,29 +26,8 @@ using kvsift::far_tier;
 using kvsift::model_shape;
 using role = kvsift::calibrate::head_role;
 
-struct tokens {
-  int n = 0, T = 0, layers = 0, hkv = 0, hq = 0, d = 0;
-  std::vector<float> k, v, q;  // [layers, n + T, heads, d]
-  [[nodiscard]] std::size_t kv_at(int l, int t) const {
-    return ((static_cast<std::size_t>(l) * (n + T) + t) * hkv) * d;
-  }
-  [[nodiscard]] std::size_t q_at(int l, int t) const {
-    return ((static_cast<std::size_t>(l) * (n + T) + t) * hq) * d;
-  }
-};
-
-tokens make_tokens(int layers, int n, int T, int hkv, int hq, int d, unsigned seed) {
-  tokens x{n, T, layers, hkv, hq, d, {}, {}, {}};
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  x.k.resize(static_cast<std::size_t>(layers) * (n + T) * hkv * d);
-  x.v.resize(x.k.size());
-  x.q.resize(static_cast<std::size_t>(layers) * (n + T) * hq * d);
-  for (auto& e : x.k) e = 2.0f * nd(rng);
-  for (auto& e : x.v) e = nd(rng);
-  for (auto& e : x.q) e = 2.0f * nd(rng);
-  return x;
-}
+using kvsift_test::make_tokens;
+using kvsift_test::tokens;
 
 // What a run saw at every step and layer: per segment the positions read (resident and far
 // together, ascending), the far positions alone, and the attention output.

@@ -10,6 +10,8 @@
 // and the adapter from a roles file. The exact sets are pinned by the conformance vectors
 // (method.heterocache.prefill, method.heterocache.decode).
 
+#include "request_tokens.hpp"
+
 #include <kvsift/budget/inverse_stability.hpp>
 #include <kvsift/calibrate/roles_file.hpp>
 #include <kvsift/method/heterocache.hpp>
@@ -37,30 +39,8 @@ using store_t = kvsift::store::tiered<float>;
 using role = kvsift::calibrate::head_role;
 using Catch::Matchers::ContainsSubstring;
 
-// Every token of one request, [tokens, kv_heads, d] K and V, and [tokens, q_heads, d] queries.
-struct tokens {
-  int n = 0, T = 0, layers = 0, hkv = 0, hq = 0, d = 0;
-  std::vector<float> k, v, q;  // [layers, n + T, heads, d]
-  [[nodiscard]] std::size_t kv_at(int l, int t) const {
-    return ((static_cast<std::size_t>(l) * (n + T) + t) * hkv) * d;
-  }
-  [[nodiscard]] std::size_t q_at(int l, int t) const {
-    return ((static_cast<std::size_t>(l) * (n + T) + t) * hq) * d;
-  }
-};
-
-tokens make_tokens(int layers, int n, int T, int hkv, int hq, int d, unsigned seed) {
-  tokens x{n, T, layers, hkv, hq, d, {}, {}, {}};
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  x.k.resize(static_cast<std::size_t>(layers) * (n + T) * hkv * d);
-  x.v.resize(x.k.size());
-  x.q.resize(static_cast<std::size_t>(layers) * (n + T) * hq * d);
-  for (auto& e : x.k) e = 2.0f * nd(rng);
-  for (auto& e : x.v) e = nd(rng);
-  for (auto& e : x.q) e = 2.0f * nd(rng);
-  return x;
-}
+using kvsift_test::make_tokens;
+using kvsift_test::tokens;
 
 // Layer 0: pivot 0 with satellites 1, 2; anchor 3. Layer 1: volatile 0, satellite 1 of pivot 3,
 // anchor 2. F = 3 full-KV heads of N = 8; stabilities differ, so the caps differ.

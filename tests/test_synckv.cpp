@@ -7,6 +7,8 @@
 // a ragged batch of two equal to two single runs, reset with a recall pending, bad roles.
 // The exact sets are pinned by the conformance vectors (method.synckv.decode).
 
+#include "request_tokens.hpp"
+
 #include <kvsift/budget/synckv.hpp>
 #include <kvsift/method/synckv.hpp>
 #include <kvsift/select/shared_by_cluster.hpp>
@@ -31,30 +33,8 @@ using kvsift::model_shape;
 using method_t = kvsift::synckv<float>;
 using store_t = kvsift::store::tiered<float>;
 
-// Every token of one request, [tokens, kv_heads, d] K and V, and [tokens, q_heads, d] queries.
-struct tokens {
-  int n = 0, T = 0, layers = 0, hkv = 0, hq = 0, d = 0;
-  std::vector<float> k, v, q;  // [layers, n + T, heads, d]
-  [[nodiscard]] std::size_t kv_at(int l, int t) const {
-    return ((static_cast<std::size_t>(l) * (n + T) + t) * hkv) * d;
-  }
-  [[nodiscard]] std::size_t q_at(int l, int t) const {
-    return ((static_cast<std::size_t>(l) * (n + T) + t) * hq) * d;
-  }
-};
-
-tokens make_tokens(int layers, int n, int T, int hkv, int hq, int d, unsigned seed) {
-  tokens x{n, T, layers, hkv, hq, d, {}, {}, {}};
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  x.k.resize(static_cast<std::size_t>(layers) * (n + T) * hkv * d);
-  x.v.resize(x.k.size());
-  x.q.resize(static_cast<std::size_t>(layers) * (n + T) * hq * d);
-  for (auto& e : x.k) e = 2.0f * nd(rng);
-  for (auto& e : x.v) e = nd(rng);
-  for (auto& e : x.q) e = 2.0f * nd(rng);
-  return x;
-}
+using kvsift_test::make_tokens;
+using kvsift_test::tokens;
 
 std::vector<kvsift::select::cluster_roles> two_layer_roles() {
   return {{{0, 0, 1, 1}, {0, 3}}, {{1, 0, 0, 1}, {2, 0}}};
