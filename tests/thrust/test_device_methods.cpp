@@ -21,6 +21,7 @@
 #include <kvsift/device/evict.hpp>
 #include <kvsift/device/sparse_read.hpp>
 #include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/paged_store.hpp>
 
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <span>
@@ -57,10 +59,10 @@ constexpr int requests = 3;
 constexpr int capacity = 64;
 
 // The five compositions, each as (host method, device method, params for either).
-template <class T, class E>
+template <class T, class E, class DeviceStore = kvsift::thrust::dense_store<T, E>>
 struct compositions {
   using host_store = kvsift::store::dense<T>;
-  using device_store = kvsift::thrust::dense_store<T, E>;
+  using device_store = DeviceStore;
   template <template <class, class> class M>
   using pair = std::pair<M<host_store, exec::host>, M<device_store, E>>;
 };
@@ -110,6 +112,19 @@ std::vector<U> peek(const U* p, std::int64_t n) {
   return std::vector<U>(p, p + n);
 }
 
+// The device store of a run: a thrust::dense_store, or a thrust::paged_store of pages of 5 tokens
+// (a last page part-full) whose pool holds a full cache's pages, with the side column H2O needs.
+constexpr int page = 5;
+template <class DS, class E>
+std::unique_ptr<DS> make_device_store(const E& e) {
+  if constexpr (std::is_same_v<DS, kvsift::thrust::dense_store<typename DS::element_type, E>>) {
+    return std::make_unique<DS>(e, shape, requests, capacity, /*columns=*/1);
+  } else {
+    const int pool = requests * shape.layers * shape.kv_heads * ((capacity + page - 1) / page);
+    return std::make_unique<DS>(e, shape, requests, capacity, page, pool, /*columns=*/1);
+  }
+}
+
 // `e` runs the method (its arena is the one counted); `engine` holds what the engine hands over
 // (the prompts and the step's tokens), in E's memory space but allocated apart, as an engine's
 // activations are its own.
@@ -119,7 +134,8 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
   INFO(name << " seed " << seed);
   std::mt19937 rng(seed);
   kvsift::store::dense<T> hs(shape, requests, capacity);
-  kvsift::thrust::dense_store<T, E> ds(e, shape, requests, capacity, /*columns=*/1);
+  const auto dsp = make_device_store<typename DevM::store_type>(e);
+  auto& ds = *dsp;
   HostM hm(hs, params);
   DevM dm(ds, params);
   const int H = shape.kv_heads, Q = shape.q_heads, d = shape.head_dim;
@@ -224,6 +240,13 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
       }
       CHECK(worst <= 2e-5f);
       CHECK(ds.resident_tokens() == hs.resident_tokens());
+      if constexpr (requires { ds.used_pages(); }) {  // a paged store holds whole pages, no more
+        std::int64_t need = 0;
+        for (std::int64_t seq = 0; seq < ds.sequences(); ++seq) need += (ds.length(seq) + page - 1) / page;
+        CHECK(ds.used_pages() == need);
+        CHECK(ds.used_pages() + ds.free_pages() == ds.pool_pages());
+        CHECK(dm.stats().resident_bytes == ds.used_pages() * page * 2 * d * static_cast<std::int64_t>(sizeof(T)));
+      }
     }
     CHECK(dm.stats().layer_budgets == hm.stats().layer_budgets);
     CHECK(dm.stats().refreshes == hm.stats().refreshes);
@@ -231,36 +254,36 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
   ds.check();
 }
 
-template <class T, class E, template <class, class> class M, class Params>
+template <class T, class E, class DS, template <class, class> class M, class Params>
 void run_composition(const Params& params, const std::string& name) {
   for (std::uint32_t seed : {11u, 12u}) {
     sim_arena engine_arena, arena;
     const E engine{engine_arena}, e{arena};
-    using P = typename compositions<T, E>::template pair<M>;
+    using P = typename compositions<T, E, DS>::template pair<M>;
     run_pair<T, E, typename P::first_type, typename P::second_type>(e, arena, engine, params, seed,
                                                                     name);
   }
 }
 
-template <class T, class E>
+template <class T, class E, class DS = kvsift::thrust::dense_store<T, E>>
 void run_all() {
-  using C = compositions<T, E>;
+  using C = compositions<T, E, DS>;
   using HS = typename C::host_store;
-  run_composition<T, E, full_kv_t>(kvsift::full_kv_params<HS>(), "full_kv");
-  run_composition<T, E, streaming_t>(kvsift::streaming_llm_params<HS>(16, 4), "streaming_llm");
-  run_composition<T, E, h2o_t>(kvsift::h2o_params<HS>(16), "h2o");
-  run_composition<T, E, snapkv_t>(kvsift::snapkv_params<HS>(20, 8, 3), "snapkv");
-  run_composition<T, E, pyramidkv_t>(kvsift::pyramidkv_params<HS>(20, 8, 3), "pyramidkv");
-  run_composition<T, E, quest_t>(kvsift::quest_params<HS>(20, 4, 1), "quest");
-  run_composition<T, E, dynamickv_t>(kvsift::dynamickv_params<HS>(18, 6, 3, 2, 1), "dynamickv");
-  run_composition<T, E, lagkv_t>(kvsift::lagkv_params<HS>(4, 6, 0.5), "lagkv");
-  run_composition<T, E, lagkv_t>(
+  run_composition<T, E, DS, full_kv_t>(kvsift::full_kv_params<HS>(), "full_kv");
+  run_composition<T, E, DS, streaming_t>(kvsift::streaming_llm_params<HS>(16, 4), "streaming_llm");
+  run_composition<T, E, DS, h2o_t>(kvsift::h2o_params<HS>(16), "h2o");
+  run_composition<T, E, DS, snapkv_t>(kvsift::snapkv_params<HS>(20, 8, 3), "snapkv");
+  run_composition<T, E, DS, pyramidkv_t>(kvsift::pyramidkv_params<HS>(20, 8, 3), "pyramidkv");
+  run_composition<T, E, DS, quest_t>(kvsift::quest_params<HS>(20, 4, 1), "quest");
+  run_composition<T, E, DS, dynamickv_t>(kvsift::dynamickv_params<HS>(18, 6, 3, 2, 1), "dynamickv");
+  run_composition<T, E, DS, lagkv_t>(kvsift::lagkv_params<HS>(4, 6, 0.5), "lagkv");
+  run_composition<T, E, DS, lagkv_t>(
       kvsift::lagkv_params<HS>(3, 5, 0.4, 1.0, kvsift::score::lag_variant::knorm), "lagkv knorm");
-  run_composition<T, E, h2o_pyramid_t>(
+  run_composition<T, E, DS, h2o_pyramid_t>(
       typename h2o_pyramid_t<HS, exec::host>::params{
           .selector = {.window = 4}, .budgeter = {.tokens = 20, .window = 4, .beta = 3}},
       "h2o scores, pyramid budgets");
-  run_composition<T, E, snapkv_rolling_t>(
+  run_composition<T, E, DS, snapkv_rolling_t>(
       typename snapkv_rolling_t<HS, exec::host>::params{
           .scorer = {.window = 6, .kernel = 3}, .selector = {.window = 6},
           .budgeter = {.tokens = 22, .window = 6, .beta = 3}},
@@ -275,6 +298,15 @@ TEMPLATE_LIST_TEST_CASE("device methods: the evict baselines on exec::sim equal 
   SECTION("f32") { run_all<float, E>(); }
   SECTION("bf16") { run_all<kvsift::bfloat16, E>(); }
   SECTION("f16") { run_all<kvsift::half, E>(); }
+}
+
+// The same runs over a paged device store (thrust::paged_store): the plans, outputs, budgets and
+// resident tokens of every method equal the host's over store::dense, as over thrust::dense_store.
+TEMPLATE_LIST_TEST_CASE("device methods: over thrust::paged_store on exec::sim equal exec::host",
+                        "[thrust][method][paged]", device_execs) {
+  using E = TestType;
+  SECTION("f32") { run_all<float, E, kvsift::thrust::paged_store<float, E>>(); }
+  SECTION("bf16") { run_all<kvsift::bfloat16, E, kvsift::thrust::paged_store<kvsift::bfloat16, E>>(); }
 }
 
 // The capture laws over a longer context, where a step's shapes grow past the arena's 256-byte

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::evict over a device store: the state method<thrust::dense_store<T, E>, Recipe, E>
-// runs (the host state is method/schedule/evict.hpp; this file is its Thrust mirror).
+// schedule::evict over a device store: the state method<Store, Recipe, E> runs over a
+// thrust::dense_store<T, E> or a thrust::paged_store<T, E> (thrust::DeviceOneTierStore; the host
+// state is method/schedule/evict.hpp, this file is its Thrust mirror).
 //
 //   kvsift::thrust::sim_arena arena;
 //   kvsift::exec::sim_cpp e{arena};
@@ -214,11 +215,12 @@ class device_query_history {
 
 namespace kvsift {
 
-template <Element T, thrust::DeviceExec E, class Recipe>
-class schedule::evict::state<thrust::dense_store<T, E>, Recipe>
-    : public detail::device_one_tier<T, E> {
-  using Store = thrust::dense_store<T, E>;
-  using base = detail::device_one_tier<T, E>;
+template <class Store, class Recipe>
+  requires thrust::DeviceOneTierStore<Store>
+class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Store> {
+  using T = typename Store::element_type;
+  using E = typename Store::exec_type;
+  using base = detail::device_one_tier<Store>;
   using Scorer = typename Recipe::scorer;
   using Selector = typename Recipe::selector;
   using Budgeter = typename Recipe::budgeter;

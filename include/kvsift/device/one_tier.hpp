@@ -2,12 +2,14 @@
 #pragma once
 
 // What the one-tier schedules' device states share (device/evict.hpp, device/sparse_read.hpp),
-// as detail::one_tier is for their host states: a decode step over a thrust::dense_store on a
-// device exec. The host appends each request's token through the store (a device copy), builds
-// the step's descriptor from shapes (each request's local CSR of tokens and of the plan, its
-// query position, the batch) and uploads it (counted host-to-device writes); the plan (slots and
-// original positions) and the library's attention run on the device. Every buffer is allocated
-// once, at construction, for the store's requests and capacity.
+// as detail::one_tier is for their host states: a decode step over a device one-tier store
+// (thrust::dense_store or thrust::paged_store: thrust::DeviceOneTierStore) on a device exec. The
+// host appends each request's token through the store (a device copy), builds the step's
+// descriptor from shapes (each request's local CSR of tokens and of the plan, its query
+// position, the batch) and uploads it (counted host-to-device writes); the plan (slots and
+// original positions) and the library's attention run on the device, reading rows through the
+// store's head_rows() (strided, or through a page table). Every buffer is allocated once, at
+// construction, for the store's requests and capacity.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
@@ -16,6 +18,7 @@
 #include <kvsift/thrust/attention.hpp>
 #include <kvsift/thrust/dense_store.hpp>
 #include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/paged_store.hpp>
 
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -68,14 +71,30 @@ struct plan_every_slot_fn {
 };
 
 }  // namespace detail
+// A one-tier store in a device exec's memory that the device one-tier states run over: host
+// shadows of lengths, dense positions and side columns, a retain by host counts and device
+// slots, and head_rows() for the Thrust algorithms (strided or through a page table).
+template <class S>
+concept DeviceOneTierStore =
+    requires(S& s, const S& cs, std::int64_t seq, const std::int32_t* offsets,
+             std::span<const int> counts) {
+      typename S::exec_type;
+      { cs.head_rows(seq, offsets) };
+      { cs.positions() } -> std::convertible_to<const std::int32_t*>;
+      { s.column(0) } -> std::convertible_to<float*>;
+      s.retain(0, 0, counts, offsets);
+      s.check();
+    };
+
 }  // namespace kvsift::thrust
 
 namespace kvsift::detail {
 
-template <Element T, thrust::DeviceExec E>
-class device_one_tier : public one_tier<thrust::dense_store<T, E>> {
+template <class Store>
+class device_one_tier : public one_tier<Store> {
  protected:
-  using Store = thrust::dense_store<T, E>;
+  using T = typename Store::element_type;
+  using E = typename Store::exec_type;
   using base = one_tier<Store>;
   using space = typename E::memory_space;
 
@@ -180,15 +199,7 @@ class device_one_tier : public one_tier<thrust::dense_store<T, E>> {
   [[nodiscard]] static std::pair<thrust::segmented_rows<T>, thrust::segmented_rows<T>> rows_of(
       const M& m, int request, int layer, const std::int32_t* offsets) {
     const Store& st = m.store();
-    const auto& sh = st.shape();
-    const std::int64_t seq0 = sh.sequence(request, layer, 0);
-    const std::int64_t stride = static_cast<std::int64_t>(st.capacity()) * sh.head_dim;
-    const thrust::segmented_rows<T> k{st.keys() + seq0 * stride, offsets,
-                                      st.positions() + seq0 * st.capacity(), stride,
-                                      sh.kv_heads, sh.head_dim};
-    auto v = k;
-    v.data = st.values() + seq0 * stride;
-    return {k, v};
+    return st.head_rows(st.shape().sequence(request, layer, 0), offsets);
   }
 
   // Request i of the step: its KV heads' local CSR of tokens (E memory) and tokens in all.

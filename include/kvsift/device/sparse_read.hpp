@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::sparse_read over a device store: the state method<thrust::dense_store<T, E>, Recipe,
-// E> runs for Quest (the host state is method/schedule/sparse_read.hpp).
+// schedule::sparse_read over a device store: the state method<Store, Recipe, E> runs for Quest
+// over a thrust::dense_store or a thrust::paged_store (the host state is
+// method/schedule/sparse_read.hpp).
 //
 // Full KV stays resident; each decode step scores every page of each KV head with the step's
 // query and reads the selected pages. On the device, per request of the step:
@@ -56,11 +57,12 @@ struct every_page_fn {
 
 namespace kvsift {
 
-template <Element T, thrust::DeviceExec E, class Recipe>
-class schedule::sparse_read::state<thrust::dense_store<T, E>, Recipe>
-    : public detail::device_one_tier<T, E> {
-  using Store = thrust::dense_store<T, E>;
-  using base = detail::device_one_tier<T, E>;
+template <class Store, class Recipe>
+  requires thrust::DeviceOneTierStore<Store>
+class schedule::sparse_read::state<Store, Recipe> : public detail::device_one_tier<Store> {
+  using T = typename Store::element_type;
+  using E = typename Store::exec_type;
+  using base = detail::device_one_tier<Store>;
   using space = typename E::memory_space;
   using base::exec_;
   using base::H_;

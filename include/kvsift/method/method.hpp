@@ -79,7 +79,8 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
   static_assert(Exec_::host_visible || requires { typename state_type::plan_type; },
                 "kvsift::method on a device exec: this schedule has no device state for this "
                 "store (device/evict.hpp and device/sparse_read.hpp run schedule::evict and "
-                "schedule::sparse_read over a thrust::dense_store; device/deferred_recall.hpp, "
+                "schedule::sparse_read over a thrust::dense_store or thrust::paged_store; "
+                "device/deferred_recall.hpp, "
                 "device/deferred_recall_stars.hpp and device/speculative.hpp run SyncKV's and "
                 "HeteroCache's schedule::deferred_recall and FreeKV's schedule::speculative over "
                 "a thrust::tiered_store)");

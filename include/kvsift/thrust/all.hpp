@@ -18,6 +18,7 @@
 #include <kvsift/thrust/last_query_attention.hpp>
 #include <kvsift/thrust/math.hpp>
 #include <kvsift/thrust/page_minmax.hpp>
+#include <kvsift/thrust/paged_store.hpp>
 #include <kvsift/thrust/plan.hpp>
 #include <kvsift/thrust/query_cosine.hpp>
 #include <kvsift/thrust/recency.hpp>

@@ -46,6 +46,9 @@ namespace kvsift::thrust {
 //           store::dense [sequences, capacity, d] array with segment_stride = capacity * d.
 // `positions` (same addressing, one int32 per row; may be null = position j) gives the original
 // positions, used for causal visibility.
+// Paged rows (thrust::paged_store): with a `page_table`, token j of segment s is row
+// page_table[s * table_stride + j / page_size] * page_size + j % page_size of `data` (a pool of
+// pages of page_size rows), while `positions` keeps the strided addressing above.
 template <class T>
 struct segmented_rows {
   const T* data = nullptr;                   // rows of dim channels (see addressing above)
@@ -54,17 +57,29 @@ struct segmented_rows {
   std::int64_t segment_stride = 0;           // elements between segment starts; 0 = packed
   int num_segments = 0;
   int dim = 0;
+  const std::int32_t* page_table = nullptr;  // paged rows: [num_segments, table_stride] pages
+  std::int64_t table_stride = 0;             // page-table entries per segment
+  int page_size = 0;                         // rows per page
 
   [[nodiscard]] KVSIFT_HOST_DEVICE int length(int s) const { return offsets[s + 1] - offsets[s]; }
-  [[nodiscard]] KVSIFT_HOST_DEVICE std::int64_t row_index(int s, int j) const {
+  // Index of token j of segment s in `positions` (and in `data` unless paged).
+  [[nodiscard]] KVSIFT_HOST_DEVICE std::int64_t slot_index(int s, int j) const {
     return segment_stride == 0 ? static_cast<std::int64_t>(offsets[s]) + j
                                : static_cast<std::int64_t>(s) * (segment_stride / dim) + j;
+  }
+  // Row of `data` holding token j of segment s.
+  [[nodiscard]] KVSIFT_HOST_DEVICE std::int64_t row_index(int s, int j) const {
+    if (page_table != nullptr) {
+      return static_cast<std::int64_t>(page_table[s * table_stride + j / page_size]) * page_size +
+             j % page_size;
+    }
+    return slot_index(s, j);
   }
   [[nodiscard]] KVSIFT_HOST_DEVICE const T* row(int s, int j) const {
     return data + row_index(s, j) * dim;
   }
   [[nodiscard]] KVSIFT_HOST_DEVICE std::int32_t position(int s, int j) const {
-    return positions == nullptr ? j : positions[row_index(s, j)];
+    return positions == nullptr ? j : positions[slot_index(s, j)];
   }
   // Number of leading tokens of s whose position is <= pos (positions ascend).
   [[nodiscard]] KVSIFT_HOST_DEVICE int visible(int s, std::int32_t pos) const {
@@ -89,6 +104,8 @@ struct segmented_rows {
     require(offsets != nullptr, where, a + ".offsets", "null", "[num_segments + 1] CSR offsets");
     require(segment_stride >= 0 && segment_stride % dim == 0, where, a + ".segment_stride",
             segment_stride, "0 (packed) or a positive multiple of dim");
+    require(page_table == nullptr || (page_size > 0 && table_stride > 0), where, a + ".page_size",
+            page_size, "> 0 with a page table (and table_stride > 0)");
   }
 };
 

@@ -47,6 +47,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvsift::thrust {
@@ -202,6 +203,17 @@ class dense_store {
     require(j >= 0 && j < columns_, "thrust::dense_store.column", "j", j,
             [&] { return "in [0, " + std::to_string(columns_) + ")"; });
     return columns_data_.data() + static_cast<std::size_t>(j) * sequences_ * capacity_;
+  }
+  // The KV heads seq0, seq0 + 1, ... as segments of a local CSR `offsets` (E memory): keys and
+  // values strided by capacity, with their positions (thrust::paged_store has the same call).
+  [[nodiscard]] std::pair<segmented_rows<T>, segmented_rows<T>> head_rows(
+      std::int64_t seq0, const std::int32_t* offsets) const {
+    const std::int64_t stride = static_cast<std::int64_t>(capacity_) * shape_.head_dim;
+    const segmented_rows<T> k{keys_ + seq0 * stride, offsets, positions_.data() + seq0 * capacity_,
+                              stride, shape_.kv_heads, shape_.head_dim};
+    auto v = k;
+    v.data = values_ + seq0 * stride;
+    return {k, v};
   }
   // Every head-sequence's keys (values) as segmented rows with their positions: the offsets are
   // refreshed from the device lengths on the device (one scan after a change, shared by both;
