@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: Apache-2.0
+// thrust::paged_store (thrust/paged_store.hpp): a paged KV cache over exec::sim memory. Its laws:
+// after the same appends, retains and resets it holds what store::dense holds (rows read through
+// its page tables, positions, lengths, next positions, in slot order), side columns move with
+// their rows; it holds exactly ceil(length / P) pages per head-sequence, so a retain returns
+// pages to the one pool that every request shares and another request takes them; an append the
+// pool cannot serve is refused with nothing changed (admission); once warm, a decode-like step
+// allocates nothing and reads nothing back; over an engine's pool it writes the engine's memory.
+// Under the CPP system always, and OMP in OpenMP builds.
+
+#include <kvsift/core/error.hpp>
+#include <kvsift/core/shape.hpp>
+#include <kvsift/core/view.hpp>
+#include <kvsift/store/dense.hpp>
+#include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/paged_store.hpp>
+
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+namespace exec = kvsift::exec;
+using kvsift::model_shape;
+using kvsift::nhd;
+using kvsift::thrust::buffer;
+using kvsift::thrust::copy_to_device;
+using kvsift::thrust::sim_arena;
+using Catch::Matchers::ContainsSubstring;
+
+#if defined(_OPENMP)
+using store_execs = std::tuple<exec::sim_cpp, exec::sim_omp>;
+#else
+using store_execs = std::tuple<exec::sim_cpp>;
+#endif
+
+// Column 0 := f(sequence, position) for every slot: a value that did not move with its row shows.
+struct mark_fn {
+  float* column;
+  const std::int32_t* positions;
+  std::int64_t capacity;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t row) const {
+    column[row] = static_cast<float>(positions[row]) * 0.5f + static_cast<float>(row / capacity);
+  }
+};
+
+// Reads n values at a device pointer (the test's inspection of sim memory, not counted).
+template <class U>
+std::vector<U> peek(const U* p, std::int64_t n) {
+  return std::vector<U>(p, p + n);
+}
+
+std::vector<float> random_rows(std::mt19937& rng, int tokens, int heads, int d) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(tokens) * heads * d);
+  for (float& f : x) f = u(rng);
+  return x;
+}
+
+template <class E>
+struct fixture {
+  model_shape shape{2, 4, 2, 8};  // layers, q_heads, kv_heads, head_dim
+  int requests = 3;
+  int capacity = 40;
+  int page = 6;
+  int pool;
+  sim_arena arena;
+  E e{arena};
+  kvsift::thrust::paged_store<float, E> dev;
+  kvsift::store::dense<float> ref{shape, requests, capacity};
+  buffer<float, E> k_in{e, static_cast<std::size_t>(capacity) * shape.kv_heads * shape.head_dim};
+  buffer<float, E> v_in{e, k_in.size()};
+  buffer<std::int32_t, E> kept_in{e, static_cast<std::size_t>(shape.kv_heads) * capacity};
+
+  explicit fixture(int pool_pages = 0, float* keys = nullptr, float* values = nullptr)
+      : pool(pool_pages > 0 ? pool_pages : 3 * 2 * 2 * 7),
+        dev(e, shape, requests, capacity, page, pool, 1, keys, values) {}
+
+  void append(int r, int l, const std::vector<float>& k, const std::vector<float>& v, int tokens,
+              std::int32_t first) {
+    const int H = shape.kv_heads, d = shape.head_dim;
+    copy_to_device(e, std::span<const float>(k), k_in);
+    copy_to_device(e, std::span<const float>(v), v_in);
+    using dview = kvsift::kv_view<const float, nhd, typename E::memory_space>;
+    dev.append(r, l, dview::contiguous(k_in.data(), tokens, H, d),
+               dview::contiguous(v_in.data(), tokens, H, d), first);
+    ref.append(r, l, kvsift::kv_view<const float, nhd>::contiguous(k.data(), tokens, H, d),
+               kvsift::kv_view<const float, nhd>::contiguous(v.data(), tokens, H, d), first);
+  }
+  void mark_column() {
+    ::thrust::for_each_n(e.policy(), ::thrust::counting_iterator<std::int64_t>(0),
+                         dev.sequences() * capacity, mark_fn{dev.column(0), dev.positions(), capacity});
+  }
+  void retain(int r, int l, const kvsift::index_sets& kept) {
+    std::vector<int> counts;
+    for (int h = 0; h < kept.segments(); ++h) counts.push_back(static_cast<int>(kept.size(h)));
+    copy_to_device(e, std::span<const std::int32_t>(kept.values), kept_in);
+    dev.retain(r, l, counts, kept_in.data());
+    ref.retain(r, l, kept);
+  }
+  // Every resident row (through the page table), position and column value equals the
+  // reference's; each head-sequence holds ceil(length / P) distinct pages, none shared.
+  void expect_equal() {
+    const int d = shape.head_dim;
+    const auto table = peek(dev.page_table(), dev.sequences() * dev.table_stride());
+    const auto keys = peek(dev.key_pool(), static_cast<std::int64_t>(pool) * page * d);
+    const auto values = peek(dev.value_pool(), static_cast<std::int64_t>(pool) * page * d);
+    const auto positions = peek(dev.positions(), dev.sequences() * capacity);
+    const auto column = peek(dev.column(0), dev.sequences() * capacity);
+    std::vector<int> owner(static_cast<std::size_t>(pool), -1);
+    int held = 0;
+    for (std::int64_t seq = 0; seq < dev.sequences(); ++seq) {
+      REQUIRE(dev.length(seq) == ref.length(seq));
+      const int pages = (ref.length(seq) + page - 1) / page;
+      held += pages;
+      for (int p = 0; p < pages; ++p) {
+        const int id = table[seq * dev.table_stride() + p];
+        REQUIRE(id >= 0);
+        REQUIRE(id < pool);
+        REQUIRE(owner[id] == -1);  // no page held twice
+        owner[id] = static_cast<int>(seq);
+      }
+      for (int i = 0; i < ref.length(seq); ++i) {
+        const std::size_t row =
+            static_cast<std::size_t>(table[seq * dev.table_stride() + i / page]) * page + i % page;
+        const std::size_t slot = static_cast<std::size_t>(seq) * capacity + i;
+        REQUIRE(positions[slot] == ref.position(seq, i));
+        REQUIRE(std::equal(keys.begin() + row * d, keys.begin() + (row + 1) * d, ref.key(seq, i)));
+        REQUIRE(std::equal(values.begin() + row * d, values.begin() + (row + 1) * d, ref.value(seq, i)));
+        REQUIRE(column[slot] == static_cast<float>(ref.position(seq, i)) * 0.5f + static_cast<float>(seq));
+      }
+    }
+    REQUIRE(dev.used_pages() == held);
+    REQUIRE(dev.free_pages() == pool - held);
+    REQUIRE(dev.resident_tokens() == ref.resident_tokens());
+    REQUIRE(dev.resident_bytes() == static_cast<std::int64_t>(held) * page * 2 * d * 4);
+    for (int r = 0; r < requests; ++r) {
+      for (int l = 0; l < shape.layers; ++l) REQUIRE(dev.next_position(r, l) == ref.next_position(r, l));
+    }
+  }
+};
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("thrust::paged_store equals store::dense over random appends, retains and "
+                        "resets; pages are exactly ceil(length / P) per head-sequence",
+                        "[thrust][paged_store]", store_execs) {
+  fixture<TestType> f;
+  std::mt19937 rng(7);
+  const int H = f.shape.kv_heads, d = f.shape.head_dim;
+  for (int op = 0; op < 300; ++op) {
+    const int r = static_cast<int>(rng() % f.requests);
+    const int l = static_cast<int>(rng() % f.shape.layers);
+    const int kind = static_cast<int>(rng() % 10);
+    int room = f.capacity;
+    for (int h = 0; h < H; ++h) room = std::min(room, f.capacity - f.ref.length(f.shape.sequence(r, l, h)));
+    if (kind < 5 && room > 0) {
+      const int tokens = 1 + static_cast<int>(rng() % std::min(room, 8));
+      const std::int32_t first = f.ref.next_position(r, l) + static_cast<int>(rng() % 3);
+      f.append(r, l, random_rows(rng, tokens, H, d), random_rows(rng, tokens, H, d), tokens, first);
+      f.mark_column();
+    } else if (kind < 9) {
+      kvsift::index_sets kept;
+      for (int h = 0; h < H; ++h) {
+        const int n = f.ref.length(f.shape.sequence(r, l, h));
+        std::vector<std::int32_t> slots;
+        for (int i = 0; i < n; ++i) {
+          if (rng() % 3 != 0) slots.push_back(i);
+        }
+        kept.push_back(slots);
+      }
+      f.retain(r, l, kept);
+    } else {
+      f.ref.reset(r);
+      f.dev.reset(r);
+    }
+    f.expect_equal();
+  }
+  REQUIRE_NOTHROW(f.dev.check());
+}
+
+TEMPLATE_LIST_TEST_CASE("thrust::paged_store: pages an eviction frees admit another request; a "
+                        "request the pool cannot serve is refused with nothing changed",
+                        "[thrust][paged_store]", store_execs) {
+  // a pool of 8 pages of 6: request 0 takes them all (2 layers x 2 heads x 2 pages of 12 tokens)
+  fixture<TestType> f(8);
+  std::mt19937 rng(5);
+  const int H = f.shape.kv_heads, d = f.shape.head_dim;
+  for (int l = 0; l < 2; ++l) f.append(0, l, random_rows(rng, 12, H, d), random_rows(rng, 12, H, d), 12, 0);
+  f.mark_column();
+  REQUIRE(f.dev.free_pages() == 0);
+  // request 1 does not fit: refused, every table, length and page unchanged
+  const auto table = peek(f.dev.page_table(), f.dev.sequences() * f.dev.table_stride());
+  REQUIRE_THROWS_WITH(
+      f.append(1, 0, random_rows(rng, 3, H, d), random_rows(rng, 3, H, d), 3, 0),
+      ContainsSubstring("pages in the pool: 2 needed, 0 free"));
+  CHECK(peek(f.dev.page_table(), f.dev.sequences() * f.dev.table_stride()) == table);
+  f.expect_equal();
+  // request 0's layer 0 keeps 5 of 12 tokens per head: one page each returns to the pool
+  kvsift::index_sets kept;
+  for (int h = 0; h < H; ++h) kept.push_back(std::vector<std::int32_t>{0, 1, 4, 9, 11});
+  f.retain(0, 0, kept);
+  f.expect_equal();
+  REQUIRE(f.dev.free_pages() == 2);
+  // now request 1 fits in the freed pages, and its rows are right
+  f.append(1, 0, random_rows(rng, 6, H, d), random_rows(rng, 6, H, d), 6, 0);
+  f.mark_column();
+  f.expect_equal();
+  REQUIRE(f.dev.free_pages() == 0);
+  // the store's capacity for a head-sequence is what its table and the pool allow
+  CHECK(f.dev.capacity(f.shape.sequence(1, 0, 0)) == 6);
+  CHECK(f.dev.pages_to_append(f.shape.sequence(0, 0, 0), 1) == 0);  // 5 tokens in a page of 6
+  CHECK(f.dev.pages_to_append(f.shape.sequence(0, 0, 0), 2) == 1);
+  // a reset returns every page of the request
+  f.ref.reset(0);
+  f.dev.reset(0);
+  f.expect_equal();
+  REQUIRE(f.dev.free_pages() == 6);
+  REQUIRE_NOTHROW(f.dev.check());
+}
+
+TEMPLATE_LIST_TEST_CASE("thrust::paged_store: bad input is refused before anything changes",
+                        "[thrust][paged_store][bad_input]", store_execs) {
+  using E = TestType;
+  fixture<E> f;
+  std::mt19937 rng(9);
+  const int H = f.shape.kv_heads, d = f.shape.head_dim;
+  f.append(0, 0, random_rows(rng, 7, H, d), random_rows(rng, 7, H, d), 7, 0);
+  f.mark_column();
+  const int before = f.dev.used_pages();
+  std::vector<int> counts{8, 7};  // more than the head holds
+  REQUIRE_THROWS_WITH(f.dev.retain(0, 0, counts, f.kept_in.data()), ContainsSubstring("kept_counts"));
+  REQUIRE_THROWS_AS(f.append(0, 0, random_rows(rng, 1, H, d), random_rows(rng, 1, H, d), 1, 3),
+                    kvsift::error);  // a position behind the next one
+  REQUIRE_THROWS_AS(f.dev.reset(5), kvsift::error);
+  CHECK(f.dev.used_pages() == before);
+  f.expect_equal();
+  REQUIRE_THROWS_AS((kvsift::thrust::paged_store<float, E>(f.e, f.shape, 1, 16, 0, 4)), kvsift::error);
+  REQUIRE_THROWS_AS((kvsift::thrust::paged_store<float, E>(f.e, f.shape, 1, 16, 4, 0)), kvsift::error);
+}
+
+TEMPLATE_LIST_TEST_CASE("thrust::paged_store: once warm, a decode-like step (append one token, "
+                        "evict one) allocates nothing and reads nothing back",
+                        "[thrust][paged_store]", store_execs) {
+  fixture<TestType> f;
+  std::mt19937 rng(3);
+  const int H = f.shape.kv_heads, d = f.shape.head_dim;
+  f.append(0, 1, random_rows(rng, 16, H, d), random_rows(rng, 16, H, d), 16, 0);
+  const auto k = random_rows(rng, 1, H, d);
+  copy_to_device(f.e, std::span<const float>(k), f.k_in);
+  std::vector<std::int32_t> kept;
+  for (int h = 0; h < H; ++h) {
+    for (int i = 1; i <= 16; ++i) kept.push_back(i);  // drop slot 0 of 17
+  }
+  copy_to_device(f.e, std::span<const std::int32_t>(kept), f.kept_in);
+  using dview = kvsift::kv_view<const float, nhd, typename TestType::memory_space>;
+  const std::vector<int> counts(static_cast<std::size_t>(H), 16);
+  for (int t = 0; t < 40; ++t) {
+    const auto before = f.arena.counters();
+    f.dev.append(0, 1, dview::contiguous(f.k_in.data(), 1, H, d), dview::contiguous(f.k_in.data(), 1, H, d),
+                 16 + t);
+    f.dev.retain(0, 1, counts, f.kept_in.data());
+    const auto after = f.arena.counters();
+    CHECK(after.allocations == before.allocations);
+    CHECK(after.d2h_reads == before.d2h_reads);
+    CHECK(f.dev.used_pages() == H * 3);  // 16 tokens in pages of 6, per head
+  }
+  REQUIRE_NOTHROW(f.dev.check());
+}
+
+TEMPLATE_LIST_TEST_CASE("thrust::paged_store over an engine's pool writes the engine's pages",
+                        "[thrust][paged_store]", store_execs) {
+  using E = TestType;
+  sim_arena engine_arena;
+  const E engine{engine_arena};
+  const int pool = 40, page = 6, d = 8;
+  buffer<float, E> keys(engine, static_cast<std::size_t>(pool) * page * d);
+  buffer<float, E> values(engine, keys.size());
+  fixture<E> f(pool, keys.data(), values.data());
+  REQUIRE(f.dev.key_pool() == keys.data());
+  REQUIRE(f.dev.value_pool() == values.data());
+  std::mt19937 rng(2);
+  const int H = f.shape.kv_heads;
+  f.append(2, 1, random_rows(rng, 9, H, d), random_rows(rng, 9, H, d), 9, 0);
+  f.mark_column();
+  f.expect_equal();  // reads the rows from key_pool(): the engine's buffer
+  // the store's own allocations hold no pool: the metadata only
+  CHECK(f.dev.allocated_bytes() < keys.bytes());
+  REQUIRE_THROWS_WITH((kvsift::thrust::paged_store<float, E>(f.e, f.shape, 1, 16, page, pool, 0,
+                                                              keys.data(), nullptr)),
+                      ContainsSubstring("both engine pools or neither"));
+}
