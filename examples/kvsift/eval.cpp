@@ -736,8 +736,9 @@ void print_tables(const std::vector<config>& configs, const std::vector<int>& co
                   budget_label(c.budget).c_str(), static_cast<long long>(peak),
                   static_cast<long long>(full), full > 0 ? 100.0 * peak / full : 0.0);
     }
-    std::printf("(store::paged, summed over the prompts: the most pages each held at once, the\n"
-                "prefill's pages before its round frees any included; a full cache's at the end)\n");
+    std::printf("(the paged store: store::paged, thrust::paged_store on a device exec; summed over\n"
+                "the prompts: the most pages each held at once, the prefill's pages before its round\n"
+                "frees any included; a full cache's at the end)\n");
   }
   if (verbose) {
     // per layer: resident KV share after the prompt, and attention-output error
@@ -1167,11 +1168,14 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
   const std::vector<int> contexts(context_set.begin(), context_set.end());
 
   configs.clear();
+  // a device exec builds its paged store itself; the host's is method_registry_paged's
+  const bool device_paged = o.store == "paged" && o.exec != "host";
   const auto on_exec = registry_on_exec(
       o.exec, std::shared_ptr<const method_registry<float>>(&default_method_registry<float>(),
-                                                            [](const method_registry<float>*) {}));
+                                                            [](const method_registry<float>*) {}),
+      device_paged ? o.page_size : 0);
   std::shared_ptr<const method_registry<float>> on_store = on_exec;
-  if (o.store == "paged") {
+  if (o.store == "paged" && !device_paged) {
     on_store = std::make_shared<const method_registry<float>>(
         method_registry_paged<float>(*on_exec, o.page_size));
   }
@@ -1337,7 +1341,8 @@ int eval(const std::vector<std::string>& args) {
         "  pages table and the JSON give the most pages held at once (peak_pages) against a\n"
         "  full cache's pages on the same prompts (full_pages). SyncKV, HeteroCache and FreeKV\n"
         "  run over their two-tier store (store::tiered) whatever --store says; the JSON names\n"
-        "  each run's store. Host exec only (no paged store in device memory yet).\n"
+        "  each run's store. With --exec thrust-cpp|thrust-omp the paged store is in device\n"
+        "  memory (thrust::paged_store).\n"
         "  --far recall|attend: where SyncKV, HeteroCache and FreeKV read the host-pool rows a\n"
         "  step needs: recall copies them into the resident tier (default); attend leaves them\n"
         "  in the host pool and attends them there, merged by log-sum-exp (bytes_recalled 0;\n"
@@ -1399,8 +1404,6 @@ int eval(const std::vector<std::string>& args) {
   require(o.store == "dense" || o.store == "paged", "kvsift eval", "--store", o.store,
           "dense (one capacity per head-sequence) or paged (store::paged: pages freed on eviction); "
           "the two-tier methods always run over their tiered store");
-  require(o.store == "dense" || o.exec == "host", "kvsift eval", "--store", o.store,
-          "dense with --exec " + o.exec + ": there is no paged store in device memory yet");
   {
     const std::string ps = option(args, "--page-size", "16");
     int v = 0;

@@ -5,7 +5,8 @@
 # gives the same outputs, resident shares, per-layer budgets and parameters, and so do SyncKV
 # (with the model's shipped roles) and FreeKV; HeteroCache (every head of tiny-recall is
 # volatile, so 0.625 is infeasible for its roles) reports the same error on both; the JSON names
-# the exec.
+# the exec. Then --store paged: the one-tier methods over a paged device store
+# (thrust::paged_store) give the host's outputs over store::paged.
 # Run as: cmake -DKVSIFT=<kvsift binary> -DSRC=<source dir> -DWORK=<scratch dir> -DEXEC=thrust-omp
 #         -P eval_exec_test.cmake
 file(MAKE_DIRECTORY ${WORK})
@@ -65,3 +66,43 @@ foreach(i RANGE ${last})
   endforeach()
 endforeach()
 message(STATUS "kvsift eval --exec ${EXEC} equals --exec host: ${compared} fields compared")
+
+# --store paged on the device exec (thrust::paged_store) against the host's store::paged: the
+# one-tier methods give the same outputs; each run names the store and holds pages
+set(paged_methods streaming_llm,h2o,snapkv,quest,lagkv)
+foreach(exec host ${EXEC})
+  execute_process(COMMAND ${KVSIFT} eval --model ${SRC}/data/tiny-recall --limit 1 --methods ${paged_methods}
+                          --budgets 0.25 --match budget --store paged --page-size 8 --exec ${exec}
+                          --json-out ${WORK}/paged-${exec}.json
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "kvsift eval --store paged --exec ${exec} failed (${rc}):\n${out}\n${err}")
+  endif()
+  file(READ ${WORK}/paged-${exec}.json paged_${exec})
+endforeach()
+set(h "${paged_host}")
+set(d "${paged_${EXEC}}")
+string(JSON runs LENGTH "${h}" runs)
+math(EXPR last "${runs} - 1")
+foreach(i RANGE ${last})
+  string(JSON method GET "${h}" runs ${i} method)
+  string(JSON store GET "${d}" runs ${i} store)
+  if(NOT store STREQUAL "paged")
+    message(FATAL_ERROR "${method}: --store paged --exec ${EXEC} ran over '${store}'")
+  endif()
+  string(JSON items LENGTH "${h}" runs ${i} items)
+  math(EXPR last_item "${items} - 1")
+  foreach(k RANGE ${last_item})
+    string(JSON a GET "${h}" runs ${i} items ${k} output)
+    string(JSON b GET "${d}" runs ${i} items ${k} output)
+    if(NOT a STREQUAL b)
+      message(FATAL_ERROR "${method}, prompt ${k}: paged output differs: host '${a}', ${EXEC} '${b}'")
+    endif()
+    string(JSON peak GET "${d}" runs ${i} items ${k} peak_pages)
+    string(JSON full GET "${d}" runs ${i} items ${k} full_pages)
+    if(peak LESS_EQUAL 0 OR peak GREATER full)
+      message(FATAL_ERROR "${method}, prompt ${k}: ${EXEC} peak_pages ${peak} of full_pages ${full}")
+    endif()
+  endforeach()
+endforeach()
+message(STATUS "kvsift eval --store paged --exec ${EXEC} equals --exec host on ${runs} methods")

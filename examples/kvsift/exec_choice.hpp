@@ -20,9 +20,11 @@ namespace kvsift::cli {
 // The --exec names this build has, "host" first.
 std::vector<std::string> exec_names();
 
-// `host` with the one-tier entries and SyncKV's running on exec `name` (one of exec_names(); "host" returns
-// `host` as it is). Throws kvsift::error naming the option and the names this build has.
+// `host` with every built-in entry running on exec `name` (one of exec_names(); "host" returns
+// `host` as it is), the one-tier ones over a paged device store of pages of `page_size` tokens
+// when it is > 0 (a dense one otherwise). Throws kvsift::error naming the option and the names
+// this build has.
 std::shared_ptr<const method_registry<float>> registry_on_exec(
-    const std::string& name, std::shared_ptr<const method_registry<float>> host);
+    const std::string& name, std::shared_ptr<const method_registry<float>> host, int page_size = 0);
 
 }  // namespace kvsift::cli

@@ -25,17 +25,17 @@ std::vector<std::string> exec_names() {
 }
 
 std::shared_ptr<const method_registry<float>> registry_on_exec(
-    const std::string& name, std::shared_ptr<const method_registry<float>> host) {
+    const std::string& name, std::shared_ptr<const method_registry<float>> host, int page_size) {
   if (name == "host") return host;
 #if defined(KVSIFT_CLI_THRUST)
   if (name == "thrust-cpp") {
     return std::make_shared<const method_registry<float>>(
-        device::method_registry_on<float, exec::sim_cpp>(*host));
+        device::method_registry_on<float, exec::sim_cpp>(*host, page_size));
   }
 #if defined(_OPENMP)
   if (name == "thrust-omp") {
     return std::make_shared<const method_registry<float>>(
-        device::method_registry_on<float, exec::sim_omp>(*host));
+        device::method_registry_on<float, exec::sim_omp>(*host, page_size));
   }
 #endif
 #endif

@@ -3,7 +3,8 @@
 
 // A method over device memory behind the host's erased lifecycle, and a registry of them:
 //
-//   device::staged_method<M>       M = method<thrust::dense_store<T, E>, Recipe, E> (the one-tier
+//   device::staged_method<M>       M = method<thrust::dense_store<T, E>, Recipe, E> or
+//                                  method<thrust::paged_store<T, E>, Recipe, E> (the one-tier
 //                                  methods) or a two-tier method over a thrust::tiered_store<T, E>
 //                                  (synckv, heterocache, freekv) on a device exec
 //                                  (exec::sim_cpp / sim_omp; exec::cuda, cuda/exec.cuh, under
@@ -11,7 +12,9 @@
 //                                  its store and M; host inputs are staged into E memory, the
 //                                  plan and the attention output read back
 //   device::method_registry_on<T, E>  a method_registry<T> whose eleven built-in entries build
-//                                  their method that way (the one-tier name -> composition map is
+//                                  their method that way, the one-tier ones over a
+//                                  thrust::paged_store when given a page size (the one-tier name
+//                                  -> composition map is
 //                                  detail::visit_one_tier, the host's; the two-tier methods'
 //                                  params are the host registry's: detail::synckv_params_of,
 //                                  heterocache_params_of, freekv_params_of)
@@ -43,10 +46,12 @@
 #include <kvsift/method/lifecycle.hpp>
 #include <kvsift/thrust/dense_store.hpp>
 #include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/paged_store.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -64,20 +69,22 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   using Store = typename M::store_type;
   static_assert(thrust::DeviceExec<E>, "device::staged_method runs a method on a device exec");
   static constexpr bool tiered = std::is_same_v<Store, thrust::tiered_store<T, E>>;
-  static_assert(tiered || std::is_same_v<Store, thrust::dense_store<T, E>>,
-                "device::staged_method: M must be a method over thrust::dense_store<T, E> or "
-                "thrust::tiered_store<T, E>");
+  static constexpr bool paged = std::is_same_v<Store, thrust::paged_store<T, E>>;
+  static_assert(tiered || paged || std::is_same_v<Store, thrust::dense_store<T, E>>,
+                "device::staged_method: M must be a method over thrust::dense_store<T, E>, "
+                "thrust::paged_store<T, E> or thrust::tiered_store<T, E>");
 
   // The method `name` with params p over a store of `requests` request slots of `capacity`
-  // tokens per head-sequence (a dense store: one side column, H2O's running scores; a tiered
-  // store: `capacity` in its host pool and in its device tier).
+  // tokens per head-sequence (a dense store: one side column, H2O's running scores; a paged
+  // store: the same, in pages of `page_size` tokens from one pool of the pages a full cache of
+  // the slots needs; a tiered store: `capacity` in its host pool and in its device tier).
   staged_method(std::string name, const model_shape& shape, int requests, int capacity,
-                typename M::params p)
+                typename M::params p, int page_size = 16)
       : name_(std::move(name)),
         arena_(std::make_unique<thrust::device_arena>(thrust::device_arena::default_max_cached_bytes,
                                                       E::backing())),
         exec_(*arena_),
-        store_(make_store(exec_, shape, requests, capacity)),
+        store_(make_store(exec_, shape, requests, capacity, page_size)),
         m_(std::make_unique<M>(*store_, std::move(p))),
         query_(exec_, one_token_each(shape, requests, shape.q_heads)),
         key_(exec_, one_token_each(shape, requests, shape.kv_heads)),
@@ -183,7 +190,13 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 
   void reset(int request) override { m_->reset(request); }
   [[nodiscard]] method_stats stats() const override { return m_->stats(); }
-  [[nodiscard]] std::int64_t pages() const override { return -1; }  // no paged device store
+  [[nodiscard]] std::int64_t pages() const override {
+    if constexpr (paged) {
+      return store_->used_pages();
+    } else {
+      return -1;
+    }
+  }
   [[nodiscard]] capabilities caps() const override { return M::caps; }
   [[nodiscard]] const std::string& name() const override { return name_; }
   [[nodiscard]] model_shape shape() const override { return store_->shape(); }
@@ -217,9 +230,17 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 
  private:
   static std::unique_ptr<Store> make_store(const E& e, const model_shape& shape, int requests,
-                                           int capacity) {
+                                           int capacity, int page_size) {
     if constexpr (tiered) {
       return std::make_unique<Store>(e, shape, requests, capacity, capacity);
+    } else if constexpr (paged) {
+      require(page_size > 0, "device::staged_method", "page_size", page_size, "> 0 tokens");
+      const std::int64_t pool = static_cast<std::int64_t>(std::max(requests, 0)) *
+                                shape.sequences_per_request() * ((capacity + page_size - 1) / page_size);
+      require(pool > 0 && pool <= std::numeric_limits<int>::max(), "device::staged_method",
+              "capacity", capacity, "a pool of 1 to 2^31 - 1 pages");
+      return std::make_unique<Store>(e, shape, requests, capacity, page_size, static_cast<int>(pool),
+                                     /*columns=*/1);
     } else {
       return std::make_unique<Store>(e, shape, requests, capacity, /*columns=*/1);
     }
@@ -306,19 +327,27 @@ class staged_method final : public any_kv_method<typename M::element_type> {
 // build their built-in composition (detail::visit_one_tier), SyncKV, HeteroCache and FreeKV
 // synckv / heterocache / freekv, over device memory on exec E, each method with its own
 // arena (staged_method); another entry (a user's own) throws kvsift::error when made.
+// With page_size > 0 the one-tier methods run over a thrust::paged_store of pages of that many
+// tokens (one pool per method, a full cache's pages: `kvsift eval --store paged --exec ...`).
 template <Element T, thrust::DeviceExec E>
-method_registry<T> method_registry_on(const method_registry<T>& base) {
+method_registry<T> method_registry_on(const method_registry<T>& base, int page_size = 0) {
+  require(page_size >= 0, "device::method_registry_on", "page_size", page_size,
+          ">= 0 (0: a dense store; > 0: pages of that many tokens)");
   method_registry<T> out;
   for (const auto& name : base.names()) {
     method_entry<T> e = base.at(name);
     if (kvsift::detail::is_one_tier_method(name)) {
-      e.make = [name](const method_config& c) {
+      e.make = [name, page_size](const method_config& c) {
         require(c.capacity > 0, "method_registry", "capacity", c.capacity, "> 0 tokens");
-        return kvsift::detail::visit_one_tier<thrust::dense_store<T, E>, E>(
-            name, c, [&]<class M>(typename M::params p) -> std::unique_ptr<any_kv_method<T>> {
-              return std::make_unique<staged_method<M>>(name, c.shape, c.requests, c.capacity,
-                                                        std::move(p));
-            });
+        const auto build = [&]<class Store>() {
+          return kvsift::detail::visit_one_tier<Store, E>(
+              name, c, [&]<class M>(typename M::params p) -> std::unique_ptr<any_kv_method<T>> {
+                return std::make_unique<staged_method<M>>(name, c.shape, c.requests, c.capacity,
+                                                          std::move(p), page_size);
+              });
+        };
+        return page_size > 0 ? build.template operator()<thrust::paged_store<T, E>>()
+                             : build.template operator()<thrust::dense_store<T, E>>();
       };
     } else if (name == "synckv") {
       e.make = [name](const method_config& c) -> std::unique_ptr<any_kv_method<T>> {
