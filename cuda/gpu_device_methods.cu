@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The library's methods over GPU memory (exec::cuda, include/kvsift/cuda/exec.cuh): every one-tier
 // method (full KV, StreamingLLM, H2O, SnapKV, PyramidKV, Quest, LagKV, DynamicKV) as
-// method<thrust::dense_store<T, exec::cuda>, Recipe, exec::cuda>, the same device states the
+// method<thrust::dense_store<T, exec::cuda>, Recipe, exec::cuda> (and over a
+// thrust::paged_store<T, exec::cuda>, f32), the same device states the
 // CPU-only machine proves on exec::sim (tests/thrust/test_device_methods.cpp), and the two-tier
 // methods as synckv / heterocache / freekv<T, exec::cuda> over a thrust::tiered_store. Each runs a ragged batch of prompts and
 // decode steps (a reset and a new prompt mid-way) beside the same method on exec::host over a
@@ -30,6 +31,7 @@
 #include <kvsift/store/dense.hpp>
 #include <kvsift/store/tiered.hpp>
 #include <kvsift/thrust/dense_store.hpp>
+#include <kvsift/thrust/paged_store.hpp>
 #include <kvsift/thrust/tiered_store.hpp>
 
 #include <cuda_runtime.h>
@@ -46,6 +48,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -155,18 +158,25 @@ void run_pair(HostStore& hs, DevStore& ds, const E& e, const E& engine,
   }
 }
 
-template <class T>
+// Over a thrust::dense_store, or a thrust::paged_store (pages of 16, a full cache's pool) when
+// DS is one.
+template <class T, class DS = kvsift::thrust::dense_store<T, E>>
 void one_tier_all(const E& e, const E& engine) {
   const kvsift::method_config c = kvsift_gpu_test::one_tier_config();
   for (const auto& name : kvsift::method_names()) {
     if (!kvsift::detail::is_one_tier_method(name)) continue;
-    using DS = kvsift::thrust::dense_store<T, E>;
     kvsift::detail::visit_one_tier<DS, E>(name, c, [&]<class DevM>(typename DevM::params dp) {
       kvsift::detail::visit_one_tier<kvsift::store::dense<T>, kvsift::exec::host>(
           name, c, [&]<class HostM>(typename HostM::params hp) {
             kvsift::store::dense<T> hs(shape, requests, capacity);
-            DS ds(e, shape, requests, capacity, /*columns=*/1);
-            run_pair<T, HostM, DevM>(hs, ds, e, engine, hp, dp, name);
+            if constexpr (std::is_same_v<DS, kvsift::thrust::dense_store<T, E>>) {
+              DS ds(e, shape, requests, capacity, /*columns=*/1);
+              run_pair<T, HostM, DevM>(hs, ds, e, engine, hp, dp, name);
+            } else {
+              const int pool = requests * shape.sequences_per_request() * ((capacity + 15) / 16);
+              DS ds(e, shape, requests, capacity, 16, pool, /*columns=*/1);
+              run_pair<T, HostM, DevM>(hs, ds, e, engine, hp, dp, name);
+            }
           });
     });
   }
@@ -183,6 +193,17 @@ TEST_CASE("every one-tier method over GPU memory equals the host (exec::cuda)", 
   const E e{arena}, engine{engine_arena};
   one_tier_all<float>(e, engine);
   one_tier_all<kvsift::bfloat16>(e, engine);
+}
+
+TEST_CASE("every one-tier method over paged GPU memory equals the host (exec::cuda)",
+          "[cuda][device][paged]") {
+  if (!gpu_present()) SKIP("no CUDA device (cudaGetDeviceCount failed or returned 0)");
+  kvsift::thrust::device_arena arena(kvsift::thrust::device_arena::default_max_cached_bytes,
+                                     kvsift::thrust::cuda_device_backing());
+  kvsift::thrust::device_arena engine_arena(kvsift::thrust::device_arena::default_max_cached_bytes,
+                                            kvsift::thrust::cuda_device_backing());
+  const E e{arena}, engine{engine_arena};
+  one_tier_all<float, kvsift::thrust::paged_store<float, E>>(e, engine);
 }
 
 TEST_CASE("SyncKV over GPU memory equals the host (exec::cuda)", "[cuda][device]") {

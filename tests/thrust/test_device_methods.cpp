@@ -313,10 +313,10 @@ TEMPLATE_LIST_TEST_CASE("device methods: over thrust::paged_store on exec::sim e
 // size classes: Quest's page count grows every page_size tokens (and, after a short prompt, its
 // first selection comes mid-decode), H2O's and StreamingLLM's windows roll. 300 decode steps of
 // one request after a 900-token (or 100-token) prompt.
-TEMPLATE_LIST_TEST_CASE("device methods: no allocation or read-back in 300 decode steps",
-                        "[thrust][method]", device_execs) {
-  using E = TestType;
-  using S = kvsift::thrust::dense_store<float, E>;
+// Over a thrust::dense_store, and over a thrust::paged_store (pages of 16, a pool of the pages the
+// whole context needs), whose page moves are device work too.
+template <class E, class S>
+void capture_laws() {
   constexpr model_shape big{.layers = 1, .q_heads = 8, .kv_heads = 2, .head_dim = 32};
   constexpr int steps = 300;
   const auto run = [&](auto tag, auto params, const char* name, int prompt = 900) {
@@ -324,7 +324,15 @@ TEMPLATE_LIST_TEST_CASE("device methods: no allocation or read-back in 300 decod
     INFO(name);
     sim_arena engine_arena, arena;
     const E engine{engine_arena}, e{arena};
-    S st(e, big, 1, 900 + steps, 1);
+    const auto make = [&] {
+      if constexpr (std::is_same_v<S, kvsift::thrust::dense_store<float, E>>) {
+        return std::make_unique<S>(e, big, 1, 900 + steps, 1);
+      } else {
+        return std::make_unique<S>(e, big, 1, 900 + steps, 16, big.kv_heads * ((900 + steps) / 16 + 1), 1);
+      }
+    };
+    const auto stp = make();
+    auto& st = *stp;
     M m(st, params);
     std::mt19937 rng(7);
     const int H = big.kv_heads, Q = big.q_heads, d = big.head_dim;
@@ -365,6 +373,13 @@ TEMPLATE_LIST_TEST_CASE("device methods: no allocation or read-back in 300 decod
   run(std::type_identity<kvsift::streaming_llm<S, E>>{}, kvsift::streaming_llm_params<S, E>(256),
       "streaming_llm");
   run(std::type_identity<kvsift::lagkv<S, E>>{}, kvsift::lagkv_params<S, E>(16, 64), "lagkv");
+}
+
+TEMPLATE_LIST_TEST_CASE("device methods: no allocation or read-back in 300 decode steps",
+                        "[thrust][method]", device_execs) {
+  using E = TestType;
+  SECTION("thrust::dense_store") { capture_laws<E, kvsift::thrust::dense_store<float, E>>(); }
+  SECTION("thrust::paged_store") { capture_laws<E, kvsift::thrust::paged_store<float, E>>(); }
 }
 
 // H2O's running scores live in the store's side column 0: a store without one is refused when the
