@@ -324,14 +324,14 @@ void capture_laws() {
     INFO(name);
     sim_arena engine_arena, arena;
     const E engine{engine_arena}, e{arena};
-    const auto make = [&] {
-      if constexpr (std::is_same_v<S, kvsift::thrust::dense_store<float, E>>) {
-        return std::make_unique<S>(e, big, 1, 900 + steps, 1);
-      } else {
-        return std::make_unique<S>(e, big, 1, 900 + steps, 16, big.kv_heads * ((900 + steps) / 16 + 1), 1);
-      }
-    };
-    const auto stp = make();
+    std::unique_ptr<S> stp;
+    const model_shape sh = big;
+    const int tokens = 900 + steps;
+    if constexpr (std::is_same_v<S, kvsift::thrust::dense_store<float, E>>) {
+      stp = std::make_unique<S>(e, sh, 1, tokens, 1);
+    } else {
+      stp = std::make_unique<S>(e, sh, 1, tokens, 16, sh.kv_heads * (tokens / 16 + 1), 1);
+    }
     auto& st = *stp;
     M m(st, params);
     std::mt19937 rng(7);

@@ -131,7 +131,7 @@ TEST_CASE("thrust FlashInfer export checks head_pages.indptr, writing nothing",
       kvsift::thrust::device_head_pages<dvec> dhp{dvec(c.indptr.begin(), c.indptr.end()),
                                                   dvec(c.pages.begin(), c.pages.end()),
                                                   dvec(good.lengths.begin(), good.lengths.end()),
-                                                  good.page_size, dvec(), dvec()};
+                                                  good.page_size, dvec(), dvec(), dvec()};
       const auto plan = kvsift::thrust::to_device<dvec>(slots);
       dvec indptr(3, -7), indices(3, -7), last(2, -7);
       const kvsift::thrust::flashinfer_view out{::thrust::raw_pointer_cast(indptr.data()),
