@@ -123,8 +123,96 @@ struct set_lengths_fn {
 
 }  // namespace detail
 
+// What a one-tier device store keeps on the host (thrust::dense_store, thrust::paged_store):
+// the shape, every head-sequence's length and each (request, layer)'s next position, as host
+// shadows, so every count a step needs is known without reading device memory; and the checks
+// of an append (request and layer in range, the views' shape, ascending positions, room in each
+// head-sequence's `capacity` tokens) before anything changes.
+class one_tier_shadow {
+ public:
+  [[nodiscard]] const model_shape& shape() const { return shape_; }
+  [[nodiscard]] int requests() const { return requests_; }
+  [[nodiscard]] std::int64_t sequences() const { return static_cast<std::int64_t>(length_.size()); }
+  [[nodiscard]] int length(std::int64_t seq) const { return length_[seq]; }
+  [[nodiscard]] int length(int request, int layer, int head) const {
+    return length_[shape_.sequence(request, layer, head)];
+  }
+  [[nodiscard]] std::int32_t next_position(int request, int layer) const {
+    return next_[static_cast<std::size_t>(request) * shape_.layers + layer];
+  }
+  [[nodiscard]] std::int64_t resident_tokens() const {
+    std::int64_t t = 0;
+    for (const int n : length_) t += n;
+    return t;
+  }
+
+ protected:
+  one_tier_shadow(std::string_view where, model_shape shape, int requests, int capacity)
+      : shape_(checked(where, shape, requests, capacity)), requests_(requests), capacity_(capacity),
+        length_(static_cast<std::size_t>(requests) * shape_.sequences_per_request(), 0),
+        next_(static_cast<std::size_t>(requests) * shape_.layers, 0) {}
+
+  void check_request(std::string_view where, int request) const {
+    require(request >= 0 && request < requests_, where, "request", request,
+            [&] { return "in [0, " + std::to_string(requests_) + ")"; });
+  }
+  void check_request_layer(std::string_view where, int request, int layer) const {
+    check_request(where, request);
+    require(layer >= 0 && layer < shape_.layers, where, "layer", layer,
+            [&] { return "in [0, " + std::to_string(shape_.layers) + ")"; });
+  }
+  // An append of k, v to (request, layer) at first_position: everything but the store's own
+  // resources (a paged store's pool) checked.
+  template <class K>
+  void check_append(std::string_view where, int request, int layer, const K& k, const K& v,
+                    std::int32_t first_position) const {
+    check_request_layer(where, request, layer);
+    validate_kv_pair(where, k, v, shape_.kv_heads, shape_.head_dim);
+    const std::int32_t next = next_position(request, layer);
+    require(first_position >= next, where, "first_position", first_position, [&] {
+      return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";
+    });
+    require_positions_fit(where, "first_position", first_position, k.tokens);
+    const std::int64_t seq0 = shape_.sequence(request, layer, 0);
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      require(length_[seq0 + h] + k.tokens <= capacity_, where, "k.tokens", k.tokens, [&] {
+        return "room in head-sequence (request " + std::to_string(request) + ", layer " +
+               std::to_string(layer) + ", head " + std::to_string(h) + "): " +
+               std::to_string(length_[seq0 + h]) + " resident of capacity " +
+               std::to_string(capacity_);
+      });
+    }
+  }
+  // The shadows after an append of `tokens` to (request, layer) that ends before `next`.
+  void appended(int request, int layer, int tokens, std::int32_t next) {
+    const std::int64_t seq0 = shape_.sequence(request, layer, 0);
+    for (int h = 0; h < shape_.kv_heads; ++h) length_[seq0 + h] += tokens;
+    next_[static_cast<std::size_t>(request) * shape_.layers + layer] = next;
+  }
+  // The shadows after a reset of `request`.
+  void forget(int request) {
+    const std::int64_t per = shape_.sequences_per_request();
+    for (std::int64_t s = 0; s < per; ++s) length_[request * per + s] = 0;
+    for (int l = 0; l < shape_.layers; ++l) next_[static_cast<std::size_t>(request) * shape_.layers + l] = 0;
+  }
+
+  model_shape shape_;
+  int requests_;
+  int capacity_;
+  std::vector<int> length_;         // host shadow: [sequences]
+  std::vector<std::int32_t> next_;  // host shadow: [requests * layers]
+
+ private:
+  static model_shape checked(std::string_view where, model_shape shape, int requests, int capacity) {
+    shape.validate(where);
+    require(requests > 0, where, "requests", requests, "> 0");
+    require(capacity > 0, where, "capacity", capacity, "> 0");
+    return shape;
+  }
+};
+
 template <Element T, DeviceExec E>
-class dense_store {
+class dense_store : public one_tier_shadow {
  public:
   using element_type = T;
   using exec_type = E;
@@ -138,7 +226,7 @@ class dense_store {
   // [requests * layers * kv_heads, capacity, d]; the store owns only its metadata.
   dense_store(const E& exec, model_shape shape, int requests, int capacity, int columns, T* keys,
               T* values)
-      : exec_(exec), shape_(checked_shape(shape)), requests_(requests), capacity_(capacity),
+      : one_tier_shadow("thrust::dense_store", shape, requests, capacity), exec_(exec),
         columns_(columns), sequences_(checked_sequences(shape, requests, capacity, columns)),
         own_keys_(exec, keys == nullptr ? rows_elements() : 0),
         own_values_(exec, values == nullptr ? rows_elements() : 0),
@@ -152,8 +240,6 @@ class dense_store {
         kept_(exec, static_cast<std::size_t>(shape_.kv_heads) * capacity_),
         error_(exec, 2),
         workspace_(exec, workspace_bytes(shape_, capacity_)),
-        length_(static_cast<std::size_t>(sequences_), 0),
-        next_(static_cast<std::size_t>(requests_) * shape_.layers, 0),
         host_offsets_(static_cast<std::size_t>(shape_.kv_heads) + 1, 0) {
     constexpr std::string_view where = "thrust::dense_store";
     require((keys == nullptr) == (values == nullptr), where, keys == nullptr ? "keys" : "values",
@@ -168,23 +254,8 @@ class dense_store {
   dense_store& operator=(const dense_store&) = delete;
 
   // ---- the host shadow: shapes, never E memory ----
-  [[nodiscard]] const model_shape& shape() const { return shape_; }
-  [[nodiscard]] int requests() const { return requests_; }
   [[nodiscard]] int capacity(std::int64_t = 0) const { return capacity_; }
   [[nodiscard]] int columns() const { return columns_; }
-  [[nodiscard]] std::int64_t sequences() const { return sequences_; }
-  [[nodiscard]] int length(std::int64_t seq) const { return length_[seq]; }
-  [[nodiscard]] int length(int request, int layer, int head) const {
-    return length_[shape_.sequence(request, layer, head)];
-  }
-  [[nodiscard]] std::int32_t next_position(int request, int layer) const {
-    return next_[static_cast<std::size_t>(request) * shape_.layers + layer];
-  }
-  [[nodiscard]] std::int64_t resident_tokens() const {
-    std::int64_t t = 0;
-    for (const int n : length_) t += n;
-    return t;
-  }
   [[nodiscard]] std::int64_t resident_bytes() const {
     return resident_tokens() * 2 * shape_.head_dim * static_cast<std::int64_t>(sizeof(T));
   }
@@ -227,23 +298,8 @@ class dense_store {
   template <class L>
   void append(int request, int layer, kv_view<const T, L, memory_space> k,
               kv_view<const T, L, memory_space> v, std::int32_t first_position) {
-    constexpr std::string_view where = "thrust::dense_store.append";
-    check_request_layer(where, request, layer);
-    validate_kv_pair(where, k, v, shape_.kv_heads, shape_.head_dim);
-    const std::int32_t next = next_position(request, layer);
-    require(first_position >= next, where, "first_position", first_position, [&] {
-      return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";
-    });
-    require_positions_fit(where, "first_position", first_position, k.tokens);
+    check_append("thrust::dense_store.append", request, layer, k, v, first_position);
     const std::int64_t seq0 = shape_.sequence(request, layer, 0);
-    for (int h = 0; h < shape_.kv_heads; ++h) {
-      require(length_[seq0 + h] + k.tokens <= capacity_, where, "k.tokens", k.tokens, [&] {
-        return "room in head-sequence (request " + std::to_string(request) + ", layer " +
-               std::to_string(layer) + ", head " + std::to_string(h) + "): " +
-               std::to_string(length_[seq0 + h]) + " resident of capacity " +
-               std::to_string(capacity_);
-      });
-    }
     if (k.tokens == 0) return;
     const auto policy = exec_.policy();
     ::thrust::for_each_n(
@@ -256,8 +312,7 @@ class dense_store {
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), shape_.kv_heads,
                          detail::grow_lengths_fn{lengths_.data(), seq0, k.tokens});
     offsets_stale_ = true;
-    for (int h = 0; h < shape_.kv_heads; ++h) length_[seq0 + h] += k.tokens;
-    next_[static_cast<std::size_t>(request) * shape_.layers + layer] = first_position + k.tokens;
+    appended(request, layer, k.tokens, first_position + k.tokens);
   }
 
   // Keeps, for each KV head h of (request, layer), kept_counts[h] slots: the h-th run of `kept`
@@ -299,13 +354,11 @@ class dense_store {
 
   // Drops every token of a request (its slot in a continuous batch becomes free).
   void reset(int request) {
-    require(request >= 0 && request < requests_, "thrust::dense_store.reset", "request", request,
-            [&] { return "in [0, " + std::to_string(requests_) + ")"; });
+    check_request("thrust::dense_store.reset", request);
     const std::int64_t per = shape_.sequences_per_request();
     ::thrust::fill_n(exec_.policy(), lengths_.data() + request * per, per, 0);
     offsets_stale_ = true;
-    for (std::int64_t s = 0; s < per; ++s) length_[request * per + s] = 0;
-    for (int l = 0; l < shape_.layers; ++l) next_[static_cast<std::size_t>(request) * shape_.layers + l] = 0;
+    forget(request);
   }
 
   // Raises what the device found since the last check (a retain's slots out of range or not
@@ -336,10 +389,6 @@ class dense_store {
   }
 
  private:
-  static model_shape checked_shape(model_shape shape) {
-    shape.validate("thrust::dense_store");
-    return shape;
-  }
   static std::int64_t checked_sequences(const model_shape& shape, int requests, int capacity,
                                         int columns) {
     constexpr std::string_view where = "thrust::dense_store";
@@ -361,12 +410,6 @@ class dense_store {
   [[nodiscard]] std::size_t rows_elements() const {
     return static_cast<std::size_t>(sequences_) * capacity_ * shape_.head_dim;
   }
-  void check_request_layer(std::string_view where, int request, int layer) const {
-    require(request >= 0 && request < requests_, where, "request", request,
-            [&] { return "in [0, " + std::to_string(requests_) + ")"; });
-    require(layer >= 0 && layer < shape_.layers, where, "layer", layer,
-            [&] { return "in [0, " + std::to_string(shape_.layers) + ")"; });
-  }
   segmented_rows<T> rows_of(const T* data) {
     if (offsets_stale_) {
       ::thrust::inclusive_scan(exec_.policy(), lengths_.data(), lengths_.data() + sequences_,
@@ -382,9 +425,6 @@ class dense_store {
   }
 
   E exec_;
-  model_shape shape_;
-  int requests_;
-  int capacity_;
   int columns_;
   std::int64_t sequences_;
   buffer<T, E> own_keys_, own_values_;  // empty over engine memory
@@ -399,8 +439,6 @@ class dense_store {
   buffer<std::int32_t, E> kept_;          // [kv_heads * capacity] a retain's checked slots
   buffer<int, E> error_;                  // [2] set by the device (bad kept slot, NaN/Inf), raised by check()
   buffer<std::byte, E> workspace_;        // compact_rows scratch
-  std::vector<int> length_;               // host shadow: [sequences]
-  std::vector<std::int32_t> next_;        // host shadow: [requests * layers]
   std::vector<std::int32_t> host_offsets_;  // a retain's descriptor, built on the host
 };
 

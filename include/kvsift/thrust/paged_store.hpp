@@ -204,7 +204,7 @@ struct scatter_slots_fn {
 }  // namespace detail
 
 template <Element T, DeviceExec E>
-class paged_store {
+class paged_store : public one_tier_shadow {
  public:
   using element_type = T;
   using exec_type = E;
@@ -220,7 +220,7 @@ class paged_store {
   // free stack and per-slot metadata; the engine keeps the pool.
   paged_store(const E& exec, model_shape shape, int requests, int capacity, int page_size,
               int pool_pages, int columns, T* keys, T* values)
-      : exec_(exec), shape_(checked_shape(shape)), requests_(requests), capacity_(capacity),
+      : one_tier_shadow("thrust::paged_store", shape, requests, capacity), exec_(exec),
         page_(page_size), pool_pages_(pool_pages), columns_(columns),
         sequences_(checked_sequences(shape, requests, capacity, page_size, pool_pages, columns)),
         stride_((capacity + page_size - 1) / page_size),
@@ -239,8 +239,6 @@ class paged_store {
         packed_(exec, static_cast<std::size_t>(shape_.kv_heads) * capacity_ * shape_.head_dim),
         packed_meta_(exec, static_cast<std::size_t>(shape_.kv_heads) * capacity_),
         error_(exec, 2),
-        length_(static_cast<std::size_t>(sequences_), 0),
-        next_(static_cast<std::size_t>(requests_) * shape_.layers, 0),
         host_offsets_(static_cast<std::size_t>(shape_.kv_heads) + 1, 0),
         free_(pool_pages) {
     constexpr std::string_view where = "thrust::paged_store";
@@ -258,10 +256,7 @@ class paged_store {
   paged_store& operator=(const paged_store&) = delete;
 
   // ---- the host shadow: shapes, never E memory ----
-  [[nodiscard]] const model_shape& shape() const { return shape_; }
-  [[nodiscard]] int requests() const { return requests_; }
   [[nodiscard]] int columns() const { return columns_; }
-  [[nodiscard]] std::int64_t sequences() const { return sequences_; }
   [[nodiscard]] int page_size() const { return page_; }
   [[nodiscard]] int pool_pages() const { return pool_pages_; }
   [[nodiscard]] int free_pages() const { return free_; }
@@ -275,18 +270,6 @@ class paged_store {
   // Pages the pool must give seq for `tokens` more tokens (what append() takes, for checks).
   [[nodiscard]] int pages_to_append(std::int64_t seq, int tokens) const {
     return pages_of(length_[seq] + tokens) - pages_of(length_[seq]);
-  }
-  [[nodiscard]] int length(std::int64_t seq) const { return length_[seq]; }
-  [[nodiscard]] int length(int request, int layer, int head) const {
-    return length_[shape_.sequence(request, layer, head)];
-  }
-  [[nodiscard]] std::int32_t next_position(int request, int layer) const {
-    return next_[static_cast<std::size_t>(request) * shape_.layers + layer];
-  }
-  [[nodiscard]] std::int64_t resident_tokens() const {
-    std::int64_t t = 0;
-    for (const int n : length_) t += n;
-    return t;
   }
   // Bytes of the pages in use (keys and values): memory is held, and released, page by page.
   [[nodiscard]] std::int64_t resident_bytes() const {
@@ -330,24 +313,11 @@ class paged_store {
   void append(int request, int layer, kv_view<const T, L, memory_space> k,
               kv_view<const T, L, memory_space> v, std::int32_t first_position) {
     constexpr std::string_view where = "thrust::paged_store.append";
-    check_request_layer(where, request, layer);
-    validate_kv_pair(where, k, v, shape_.kv_heads, shape_.head_dim);
-    const std::int32_t next = next_position(request, layer);
-    require(first_position >= next, where, "first_position", first_position, [&] {
-      return ">= " + std::to_string(next) + " (positions ascend within a head-sequence)";
-    });
-    require_positions_fit(where, "first_position", first_position, k.tokens);
+    check_append(where, request, layer, k, v, first_position);
     const int H = shape_.kv_heads;
     const std::int64_t seq0 = shape_.sequence(request, layer, 0);
     int pages = 0;
-    for (int h = 0; h < H; ++h) {
-      require(length_[seq0 + h] + k.tokens <= capacity_, where, "k.tokens", k.tokens, [&] {
-        return "room in head-sequence (request " + std::to_string(request) + ", layer " +
-               std::to_string(layer) + ", head " + std::to_string(h) + "): " +
-               std::to_string(length_[seq0 + h]) + " resident of capacity " + std::to_string(capacity_);
-      });
-      pages += pages_to_append(seq0 + h, k.tokens);
-    }
+    for (int h = 0; h < H; ++h) pages += pages_to_append(seq0 + h, k.tokens);
     require(pages <= free_, where, "k.tokens", k.tokens, [&] {
       return "pages in the pool: " + std::to_string(pages) + " needed, " + std::to_string(free_) +
              " free of " + std::to_string(pool_pages_);
@@ -374,8 +344,7 @@ class paged_store {
             capacity_, first_position, error_.data() + 1});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), H,
                          detail::grow_lengths_fn{lengths_.data(), seq0, k.tokens});
-    for (int h = 0; h < H; ++h) length_[seq0 + h] += k.tokens;
-    next_[static_cast<std::size_t>(request) * shape_.layers + layer] = first_position + k.tokens;
+    appended(request, layer, k.tokens, first_position + k.tokens);
   }
 
   // Keeps, for each KV head h of (request, layer), kept_counts[h] slots: the h-th run of `kept`
@@ -433,8 +402,7 @@ class paged_store {
 
   // Drops every token of a request and returns its pages to the pool.
   void reset(int request) {
-    require(request >= 0 && request < requests_, "thrust::paged_store.reset", "request", request,
-            [&] { return "in [0, " + std::to_string(requests_) + ")"; });
+    check_request("thrust::paged_store.reset", request);
     const std::int64_t per = shape_.sequences_per_request();
     desc_.assign(1, 0);
     first_.clear();
@@ -444,11 +412,10 @@ class paged_store {
       desc_.push_back(desc_.back() + pages_of(length_[s]));
       first_.push_back(0);
       seqs_.push_back(static_cast<std::int32_t>(s));
-      length_[s] = 0;
     }
     move_pages(/*take=*/false);
     ::thrust::fill_n(exec_.policy(), lengths_.data() + request * per, per, 0);
-    for (int l = 0; l < shape_.layers; ++l) next_[static_cast<std::size_t>(request) * shape_.layers + l] = 0;
+    forget(request);
   }
 
   // Raises what the device found since the last check (a retain's bad slots; a NaN or Inf key or
@@ -477,15 +444,9 @@ class paged_store {
 
  private:
   [[nodiscard]] int pages_of(int tokens) const { return (tokens + page_ - 1) / page_; }
-  static model_shape checked_shape(model_shape shape) {
-    shape.validate("thrust::paged_store");
-    return shape;
-  }
   static std::int64_t checked_sequences(const model_shape& shape, int requests, int capacity,
                                         int page_size, int pool_pages, int columns) {
     constexpr std::string_view where = "thrust::paged_store";
-    require(requests > 0, where, "requests", requests, "> 0");
-    require(capacity > 0, where, "capacity", capacity, "> 0 tokens per head-sequence");
     require(page_size > 0, where, "page_size", page_size, "> 0 tokens per page");
     require(pool_pages > 0, where, "pool_pages", pool_pages, "> 0");
     require(columns >= 0, where, "columns", columns, ">= 0");
@@ -501,12 +462,6 @@ class paged_store {
   }
   [[nodiscard]] std::size_t pool_elements() const {
     return static_cast<std::size_t>(pool_pages_) * page_ * shape_.head_dim;
-  }
-  void check_request_layer(std::string_view where, int request, int layer) const {
-    require(request >= 0 && request < requests_, where, "request", request,
-            [&] { return "in [0, " + std::to_string(requests_) + ")"; });
-    require(layer >= 0 && layer < shape_.layers, where, "layer", layer,
-            [&] { return "in [0, " + std::to_string(shape_.layers) + ")"; });
   }
   // Moves the runs in desc_ / first_ / seqs_ between the free stack and the page tables (take:
   // stack -> tables) on the device: one upload of the runs, one kernel; the stack's height is the
@@ -547,9 +502,6 @@ class paged_store {
   }
 
   E exec_;
-  model_shape shape_;
-  int requests_;
-  int capacity_;
   int page_;
   int pool_pages_;
   int columns_;
@@ -569,8 +521,6 @@ class paged_store {
   buffer<T, E> packed_;                   // [kv_heads * capacity, d] a retain's kept rows
   buffer<std::int32_t, E> packed_meta_;   // [kv_heads * capacity] a retain's positions / column
   buffer<int, E> error_;                  // [2] bad kept slot, NaN/Inf: raised by check()
-  std::vector<int> length_;               // host shadow: [sequences]
-  std::vector<std::int32_t> next_;        // host shadow: [requests * layers]
   std::vector<std::int32_t> host_offsets_;  // a retain's descriptor, built on the host
   int free_;                              // host shadow: free pages (the stack's height)
   std::vector<std::int32_t> desc_, first_, seqs_, host_desc_;  // a page move's runs (host)
