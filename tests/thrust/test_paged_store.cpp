@@ -5,15 +5,23 @@
 // their rows; it holds exactly ceil(length / P) pages per head-sequence, so a retain returns
 // pages to the one pool that every request shares and another request takes them; an append the
 // pool cannot serve is refused with nothing changed (admission); once warm, a decode-like step
-// allocates nothing and reads nothing back; over an engine's pool it writes the engine's memory.
+// allocates nothing and reads nothing back; over an engine's pool it writes the engine's memory;
+// its page lists (thrust::page_lists) export every engine's index format of a plan, each naming
+// exactly the plan's rows (attention over each equals attention over the plan).
 // Under the CPP system always, and OMP in OpenMP builds.
 
 #include <kvsift/core/error.hpp>
 #include <kvsift/core/shape.hpp>
 #include <kvsift/core/view.hpp>
 #include <kvsift/store/dense.hpp>
+#include <kvsift/store/engine_tables.hpp>
+#include <kvsift/thrust/engine_tables.hpp>
 #include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/flashinfer.hpp>
 #include <kvsift/thrust/paged_store.hpp>
+#include <kvsift/thrust/plan.hpp>
+
+#include <thrust/device_vector.h>
 
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -23,7 +31,10 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <numeric>
 #include <random>
 #include <span>
 #include <tuple>
@@ -151,6 +162,38 @@ struct fixture {
   }
 };
 
+// One random operation on both stores: an append of 1-8 tokens (sometimes a gap in positions), a
+// retain of about two thirds of each head's slots, or a reset.
+template <class F>
+void random_op(F& f, std::mt19937& rng) {
+  const int H = f.shape.kv_heads, d = f.shape.head_dim;
+  const int r = static_cast<int>(rng() % f.requests);
+  const int l = static_cast<int>(rng() % f.shape.layers);
+  const int kind = static_cast<int>(rng() % 10);
+  int room = f.capacity;
+  for (int h = 0; h < H; ++h) room = std::min(room, f.capacity - f.ref.length(f.shape.sequence(r, l, h)));
+  if (kind < 5 && room > 0) {
+    const int tokens = 1 + static_cast<int>(rng() % std::min(room, 8));
+    const std::int32_t first = f.ref.next_position(r, l) + static_cast<int>(rng() % 3);
+    f.append(r, l, random_rows(rng, tokens, H, d), random_rows(rng, tokens, H, d), tokens, first);
+    f.mark_column();
+  } else if (kind < 9) {
+    kvsift::index_sets kept;
+    for (int h = 0; h < H; ++h) {
+      const int n = f.ref.length(f.shape.sequence(r, l, h));
+      std::vector<std::int32_t> slots;
+      for (int i = 0; i < n; ++i) {
+        if (rng() % 3 != 0) slots.push_back(i);
+      }
+      kept.push_back(slots);
+    }
+    f.retain(r, l, kept);
+  } else {
+    f.ref.reset(r);
+    f.dev.reset(r);
+  }
+}
+
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("thrust::paged_store equals store::dense over random appends, retains and "
@@ -158,33 +201,8 @@ TEMPLATE_LIST_TEST_CASE("thrust::paged_store equals store::dense over random app
                         "[thrust][paged_store]", store_execs) {
   fixture<TestType> f;
   std::mt19937 rng(7);
-  const int H = f.shape.kv_heads, d = f.shape.head_dim;
   for (int op = 0; op < 300; ++op) {
-    const int r = static_cast<int>(rng() % f.requests);
-    const int l = static_cast<int>(rng() % f.shape.layers);
-    const int kind = static_cast<int>(rng() % 10);
-    int room = f.capacity;
-    for (int h = 0; h < H; ++h) room = std::min(room, f.capacity - f.ref.length(f.shape.sequence(r, l, h)));
-    if (kind < 5 && room > 0) {
-      const int tokens = 1 + static_cast<int>(rng() % std::min(room, 8));
-      const std::int32_t first = f.ref.next_position(r, l) + static_cast<int>(rng() % 3);
-      f.append(r, l, random_rows(rng, tokens, H, d), random_rows(rng, tokens, H, d), tokens, first);
-      f.mark_column();
-    } else if (kind < 9) {
-      kvsift::index_sets kept;
-      for (int h = 0; h < H; ++h) {
-        const int n = f.ref.length(f.shape.sequence(r, l, h));
-        std::vector<std::int32_t> slots;
-        for (int i = 0; i < n; ++i) {
-          if (rng() % 3 != 0) slots.push_back(i);
-        }
-        kept.push_back(slots);
-      }
-      f.retain(r, l, kept);
-    } else {
-      f.ref.reset(r);
-      f.dev.reset(r);
-    }
+    random_op(f, rng);
     f.expect_equal();
   }
   REQUIRE_NOTHROW(f.dev.check());
@@ -300,4 +318,160 @@ TEMPLATE_LIST_TEST_CASE("thrust::paged_store over an engine's pool writes the en
   REQUIRE_THROWS_WITH((kvsift::thrust::paged_store<float, E>(f.e, f.shape, 1, 16, page, pool, 0,
                                                               keys.data(), nullptr)),
                       ContainsSubstring("both engine pools or neither"));
+}
+
+namespace {
+
+// Softmax attention in double of one query over rows given as (key, value) pointers.
+std::vector<double> attend(const std::vector<float>& q, const std::vector<std::pair<const float*, const float*>>& rows) {
+  const std::size_t d = q.size();
+  std::vector<double> out(d, 0.0);
+  if (rows.empty()) return out;
+  std::vector<double> logit(rows.size());
+  double top = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    double dot = 0.0;
+    for (std::size_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * rows[i].first[c];
+    logit[i] = dot / std::sqrt(static_cast<double>(d));
+    top = std::max(top, logit[i]);
+  }
+  double sum = 0.0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const double w = std::exp(logit[i] - top);
+    sum += w;
+    for (std::size_t c = 0; c < d; ++c) out[c] += w * rows[i].second[c];
+  }
+  for (double& x : out) x /= sum;
+  return out;
+}
+
+// The pool rows a FlashInfer table names for entry s.
+std::vector<std::int64_t> rows_of(const kvsift::flashinfer_table& t, int s) {
+  std::vector<std::int64_t> rows;
+  for (int i = t.indptr[s]; i < t.indptr[s + 1]; ++i) {
+    const int n = i + 1 == t.indptr[s + 1] ? t.last_page_len[static_cast<std::size_t>(s)] : t.page_size;
+    for (int o = 0; o < n; ++o) rows.push_back(static_cast<std::int64_t>(t.indices[i]) * t.page_size + o);
+  }
+  return rows;
+}
+// ... a block-table kernel reads for entry s (blocks 0 .. ceil(seq_len / bs) - 1 of its row; a
+// padded list ends at its first -1 too) ...
+std::vector<std::int64_t> rows_of(const kvsift::block_table& b, int s, bool stop_at_minus_one) {
+  std::vector<std::int64_t> rows;
+  const int n = b.seq_lens[static_cast<std::size_t>(s)];
+  for (int i = 0; i * b.block_size < n; ++i) {
+    const std::int32_t block = b.row(s)[i];
+    if (stop_at_minus_one && block == -1) break;
+    for (int o = 0; o < b.block_size && i * b.block_size + o < n; ++o) {
+      rows.push_back(static_cast<std::int64_t>(block) * b.block_size + o);
+    }
+  }
+  return rows;
+}
+// ... and a masked kernel (rows below n_kv_max whose mask is 0).
+std::vector<std::int64_t> rows_of(const kvsift::kv_mask& m, int s) {
+  std::vector<std::int64_t> rows;
+  for (std::int64_t r = 0; r < m.n_kv_max; ++r) {
+    if (m.mask[static_cast<std::size_t>(s * m.n_kv + r)] == 0.0f) rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("thrust::paged_store exports every engine's index format: attention over "
+                        "each equals attention over the plan",
+                        "[thrust][paged_store][flashinfer][engine_tables]", store_execs) {
+  using dvec = ::thrust::device_vector<std::int32_t>;
+  fixture<TestType> f;
+  std::mt19937 rng(11);
+  const int d = f.shape.head_dim, P = f.page;
+  const auto policy = f.e.policy();
+  int exported = 0;
+  for (int round = 0; round < 40; ++round) {
+    for (int op = 0; op < 6; ++op) random_op(f, rng);
+    const int l = static_cast<int>(rng() % f.shape.layers);
+    std::vector<int> batch(static_cast<std::size_t>(f.requests));
+    std::iota(batch.begin(), batch.end(), 0);
+    std::shuffle(batch.begin(), batch.end(), rng);
+    batch.resize(rng() % (batch.size() + 1));  // 0 .. all requests, in any order
+    const auto hp = kvsift::thrust::page_lists<dvec>(f.dev, l, batch);
+    REQUIRE(hp.entries() == static_cast<int>(batch.size()) * f.shape.kv_heads);
+
+    // a token plan and a page plan per entry, and the slots each reads
+    kvsift::index_sets slots, pages;
+    std::vector<std::vector<int>> want_tokens, want_pages;
+    std::vector<std::int64_t> seqs;
+    for (const int r : batch) {
+      for (int h = 0; h < f.shape.kv_heads; ++h) {
+        const auto seq = f.shape.sequence(r, l, h);
+        const int n = f.ref.length(seq);
+        std::vector<std::int32_t> s, p;
+        std::vector<int> ws, wp;
+        for (int i = 0; i < n; ++i) {
+          if (rng() % 2 == 0) {
+            s.push_back(i);
+            ws.push_back(i);
+          }
+        }
+        for (int pg = 0; pg * P < n; ++pg) {
+          if (rng() % 3 != 0) {
+            p.push_back(pg);
+            for (int i = pg * P; i < std::min(n, (pg + 1) * P); ++i) wp.push_back(i);
+          }
+        }
+        slots.push_back(s);
+        pages.push_back(p);
+        want_tokens.push_back(ws);
+        want_pages.push_back(wp);
+        seqs.push_back(seq);
+      }
+    }
+    const auto keys = peek(f.dev.key_pool(), static_cast<std::int64_t>(f.pool) * P * d);
+    const auto values = peek(f.dev.value_pool(), static_cast<std::int64_t>(f.pool) * P * d);
+    const std::int64_t pool_rows = static_cast<std::int64_t>(f.pool) * P;
+    const auto tokens_t = kvsift::thrust::flashinfer_tokens(policy, hp, kvsift::thrust::to_device<dvec>(slots));
+    const auto pages_t = kvsift::thrust::flashinfer_pages(policy, hp, kvsift::thrust::to_device<dvec>(pages), P);
+    for (const bool page_form : {false, true}) {
+      INFO("round " << round << (page_form ? " pages form" : " tokens form"));
+      const auto& dt = page_form ? pages_t : tokens_t;
+      const auto& want = page_form ? want_pages : want_tokens;
+      const auto table = kvsift::thrust::to_host(dt);
+      const auto blocks = kvsift::thrust::block_tables(policy, dt);
+      const auto padded = kvsift::thrust::block_tables(policy, dt, -1);
+      const auto mask = kvsift::thrust::kv_mask<::thrust::device_vector<float>>(policy, dt, pool_rows);
+      for (std::size_t s = 0; s < seqs.size(); ++s) {
+        const int e = static_cast<int>(s);
+        std::vector<float> q(static_cast<std::size_t>(d));
+        for (float& x : q) x = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+        std::vector<std::pair<const float*, const float*>> plan_rows;
+        for (const int i : want[s]) plan_rows.emplace_back(f.ref.key(seqs[s], i), f.ref.value(seqs[s], i));
+        const auto expect = attend(q, plan_rows);
+        const auto check = [&](const std::vector<std::int64_t>& rows, const char* format) {
+          INFO(format << " entry " << s);
+          REQUIRE(rows.size() == want[s].size());
+          std::vector<std::pair<const float*, const float*>> got_rows;
+          for (const auto r : rows) {
+            REQUIRE(r >= 0);
+            REQUIRE(r < pool_rows);
+            got_rows.emplace_back(keys.data() + r * d, values.data() + r * d);
+          }
+          const auto got = attend(q, got_rows);
+          for (int c = 0; c < d; ++c) REQUIRE(std::abs(got[c] - expect[c]) <= 1e-12 * (1.0 + std::abs(expect[c])));
+        };
+        check(rows_of(table, e), "flashinfer");
+        check(rows_of(blocks, e, false), "block tables");
+        check(rows_of(padded, e, true), "padded pages");
+        check(rows_of(mask, e), "kv mask");
+        exported += static_cast<int>(want[s].size());
+      }
+    }
+  }
+  REQUIRE(exported > 500);  // the rounds exported real plans, not only empty ones
+
+  // a request or layer out of range is named
+  REQUIRE_THROWS_WITH(kvsift::thrust::page_lists<dvec>(f.dev, 0, std::vector<int>{0, f.requests}),
+                      ContainsSubstring("requests[1]"));
+  REQUIRE_THROWS_WITH(kvsift::thrust::page_lists<dvec>(f.dev, f.shape.layers, std::vector<int>{0}),
+                      ContainsSubstring("'layer'"));
 }

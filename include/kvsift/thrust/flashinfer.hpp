@@ -4,7 +4,8 @@
 // The FlashInfer export of a device-resident plan with Thrust: the same arrays as the host
 // reference kvsift/store/flashinfer.hpp (read its header for the two forms and the batch
 // entries), built on the device from a device CSR plan (thrust/plan.hpp) and a device copy of
-// the entries' page lists (`head_pages`, from kvsift::page_lists(store, layer, requests)).
+// the entries' page lists (`head_pages`, from kvsift::page_lists(store, layer, requests) of a
+// store::paged, or thrust::page_lists of a thrust::paged_store, gathered on the device).
 //   flashinfer_tokens  page_size 1: indices[e] = pages[s][r / ps] * ps + r % ps, r the slot's
 //                      row (head_pages.rows, or the slot itself when rows are in slot order)
 //   flashinfer_pages   page_size ps: indices[e] = pages[s][page]; last_page_len from the
@@ -24,6 +25,7 @@
 #include <kvsift/core/segments.hpp>
 #include <kvsift/store/flashinfer.hpp>
 #include <kvsift/thrust/common.hpp>
+#include <kvsift/thrust/paged_store.hpp>
 #include <kvsift/thrust/plan.hpp>
 
 #include <thrust/copy.h>
@@ -32,6 +34,8 @@
 #include <thrust/transform_reduce.h>
 
 #include <cstdint>
+#include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,6 +91,71 @@ template <class Vector>
           mapped ? Vector(hp.rows.offsets.begin(), hp.rows.offsets.end()) : Vector(),
           mapped ? Vector(hp.rows.values.begin(), hp.rows.values.end()) : Vector(),
           Vector(hp.extents.begin(), hp.extents.end())};
+}
+
+namespace detail {
+
+// Page id i of the batch's lists: entry s = segment_of(indptr, i), its (i - indptr[s])-th table
+// entry; table_row[s] is the entry's head-sequence (its row of the page table).
+struct pl_page_fn {
+  const std::int32_t* indptr;
+  const std::int32_t* table_row;
+  const std::int32_t* table;
+  std::int64_t stride;
+  int entries;
+  KVSIFT_HOST_DEVICE std::int32_t operator()(std::int64_t i) const {
+    const int s = segment_of(indptr, entries, i);
+    return table[table_row[s] * stride + (i - indptr[s])];
+  }
+};
+
+}  // namespace detail
+
+// The page lists of (requests[i], layer, h) for every i and KV head h, in that order, from a
+// thrust::paged_store, as kvsift::page_lists gives them from a store::paged: the input of
+// flashinfer_tokens / flashinfer_pages, and through them of the other engines' formats
+// (thrust/engine_tables.hpp). The offsets and lengths are host arithmetic on the store's shadows
+// (ceil(length / P) pages per entry), copied up; the page ids are gathered from the store's
+// device page table, one thread each, nothing read back. A paged_store's retain compacts, so a
+// slot is its row (no row map) and an entry's pages hold exactly its tokens (no extents): the
+// pages form applies to any plan. Allocates the lists (Vector, e.g. a
+// thrust::device_vector<std::int32_t>): build them once per layer's batch, not per kernel call.
+template <class Vector, Element T, DeviceExec E>
+[[nodiscard]] device_head_pages<Vector> page_lists(const paged_store<T, E>& store, int layer,
+                                                   std::span<const int> requests) {
+  constexpr std::string_view where = "thrust::page_lists";
+  const auto& sh = store.shape();
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    require(requests[i] >= 0 && requests[i] < store.requests(), where,
+            [i] { return "requests[" + std::to_string(i) + "]"; }, requests[i],
+            [&] { return "in [0, " + std::to_string(store.requests()) + ")"; });
+  }
+  require(layer >= 0 && layer < sh.layers, where, "layer", layer,
+          [&] { return "in [0, " + std::to_string(sh.layers) + ")"; });
+  require(store.sequences() <= std::numeric_limits<std::int32_t>::max(), where, "store.sequences()",
+          store.sequences(), "<= 2^31 - 1 (page-table rows are int32 here)");
+  const int P = store.page_size();
+  std::vector<std::int32_t> indptr{0}, lengths, rows;
+  for (const int r : requests) {
+    for (int h = 0; h < sh.kv_heads; ++h) {
+      const auto seq = sh.sequence(r, layer, h);
+      const int n = store.length(seq);
+      indptr.push_back(indptr.back() + (n + P - 1) / P);
+      lengths.push_back(n);
+      rows.push_back(static_cast<std::int32_t>(seq));
+    }
+  }
+  device_head_pages<Vector> hp{Vector(indptr.begin(), indptr.end()), Vector(indptr.back()),
+                               Vector(lengths.begin(), lengths.end()), P, Vector(), Vector(), Vector()};
+  const Vector table_row(rows.begin(), rows.end());
+  const ::thrust::counting_iterator<std::int64_t> zero(0);
+  ::thrust::transform(store.exec().policy(), zero, zero + indptr.back(),
+                      ::thrust::raw_pointer_cast(hp.pages.data()),
+                      detail::pl_page_fn{::thrust::raw_pointer_cast(hp.indptr.data()),
+                                         ::thrust::raw_pointer_cast(table_row.data()),
+                                         store.page_table(), store.table_stride(),
+                                         static_cast<int>(lengths.size())});
+  return hp;
 }
 
 // An owning device table; to_host() gives the host reference's type.
