@@ -22,12 +22,9 @@
 //
 // BM_capacity_device/<method>/...: the same run over device memory, where the build has CCCL
 // (KVBENCH_HAS_THRUST): the one-tier compositions over a thrust::paged_store on the simulated
-// device exec (exec::sim_omp, or sim_cpp without OpenMP). Its retain compacts each head-sequence
-// and returns every page past ceil(kept / 16), so its fragmentation is 1.0 by construction,
-// where the host store keeps a released row (a hole the next append fills) and with it, at the
-// end of a decode step that evicted, one more page per head-sequence (StreamingLLM and H2O:
-// 1.0625, so the device store admits 65 requests where the host admits 61). Its times are the
-// simulation's, not a device's.
+// device exec (exec::sim_omp, or sim_cpp without OpenMP). It leaves a decode step's released row
+// as a hole the next append fills and compacts larger rounds, as the host store::paged does, so
+// its counters equal the host rows'. Its times are the simulation's, not a device's.
 
 #include "common.hpp"
 #include "method_specs.hpp"

@@ -241,8 +241,12 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
       CHECK(worst <= 2e-5f);
       CHECK(ds.resident_tokens() == hs.resident_tokens());
       if constexpr (requires { ds.used_pages(); }) {  // a paged store holds whole pages, no more
+        // (its tokens' rows and at most one waiting hole per head-sequence)
         std::int64_t need = 0;
-        for (std::int64_t seq = 0; seq < ds.sequences(); ++seq) need += (ds.length(seq) + page - 1) / page;
+        for (std::int64_t seq = 0; seq < ds.sequences(); ++seq) {
+          CHECK(ds.row_extent(seq) - ds.length(seq) <= 1);
+          need += (ds.row_extent(seq) + page - 1) / page;
+        }
         CHECK(ds.used_pages() == need);
         CHECK(ds.used_pages() + ds.free_pages() == ds.pool_pages());
         CHECK(dm.stats().resident_bytes == ds.used_pages() * page * 2 * d * static_cast<std::int64_t>(sizeof(T)));

@@ -2,9 +2,10 @@
 // thrust::paged_store (thrust/paged_store.hpp): a paged KV cache over exec::sim memory. Its laws:
 // after the same appends, retains and resets it holds what store::dense holds (rows read through
 // its page tables, positions, lengths, next positions, in slot order), side columns move with
-// their rows; it holds exactly ceil(length / P) pages per head-sequence, so a retain returns
-// pages to the one pool that every request shares and another request takes them; an append the
-// pool cannot serve is refused with nothing changed (admission); once warm, a decode-like step
+// their rows; it holds exactly ceil(row_extent / P) pages per head-sequence (its tokens and at
+// most one waiting hole), so a retain returns pages to the one pool that every request shares
+// and another request takes them; an append the pool cannot serve is refused with nothing changed (admission); a one-token eviction moves no
+// row and returns no page, and the next append fills its hole; once warm, a decode-like step
 // allocates nothing and reads nothing back; over an engine's pool it writes the engine's memory;
 // its page lists (thrust::page_lists) export every engine's index format of a plan, each naming
 // exactly the plan's rows (attention over each equals attention over the plan).
@@ -120,11 +121,14 @@ struct fixture {
     dev.retain(r, l, counts, kept_in.data());
     ref.retain(r, l, kept);
   }
-  // Every resident row (through the page table), position and column value equals the
-  // reference's; each head-sequence holds ceil(length / P) distinct pages, none shared.
+  // Every resident row (through the row map and the page table), position and column value
+  // equals the reference's; each head-sequence holds ceil(row_extent / P) distinct pages, none
+  // shared, its slots in distinct rows below the extent, which is its length or (a waiting hole)
+  // one more.
   void expect_equal() {
     const int d = shape.head_dim;
     const auto table = peek(dev.page_table(), dev.sequences() * dev.table_stride());
+    const auto row_map = peek(dev.row_map(), dev.sequences() * capacity);
     const auto keys = peek(dev.key_pool(), static_cast<std::int64_t>(pool) * page * d);
     const auto values = peek(dev.value_pool(), static_cast<std::int64_t>(pool) * page * d);
     const auto positions = peek(dev.positions(), dev.sequences() * capacity);
@@ -133,7 +137,9 @@ struct fixture {
     int held = 0;
     for (std::int64_t seq = 0; seq < dev.sequences(); ++seq) {
       REQUIRE(dev.length(seq) == ref.length(seq));
-      const int pages = (ref.length(seq) + page - 1) / page;
+      const int extent = dev.row_extent(seq);
+      REQUIRE((extent == ref.length(seq) || extent == ref.length(seq) + 1));
+      const int pages = (extent + page - 1) / page;
       held += pages;
       for (int p = 0; p < pages; ++p) {
         const int id = table[seq * dev.table_stride() + p];
@@ -142,10 +148,17 @@ struct fixture {
         REQUIRE(owner[id] == -1);  // no page held twice
         owner[id] = static_cast<int>(seq);
       }
+      std::vector<char> used(static_cast<std::size_t>(extent), 0);
       for (int i = 0; i < ref.length(seq); ++i) {
-        const std::size_t row =
-            static_cast<std::size_t>(table[seq * dev.table_stride() + i / page]) * page + i % page;
         const std::size_t slot = static_cast<std::size_t>(seq) * capacity + i;
+        const int r = row_map[slot];
+        REQUIRE(r >= 0);
+        REQUIRE(r < extent);
+        REQUIRE(used[r] == 0);
+        used[r] = 1;
+        if (dev.rows_in_slot_order(seq)) REQUIRE(r == i);
+        const std::size_t row =
+            static_cast<std::size_t>(table[seq * dev.table_stride() + r / page]) * page + r % page;
         REQUIRE(positions[slot] == ref.position(seq, i));
         REQUIRE(std::equal(keys.begin() + row * d, keys.begin() + (row + 1) * d, ref.key(seq, i)));
         REQUIRE(std::equal(values.begin() + row * d, values.begin() + (row + 1) * d, ref.value(seq, i)));
@@ -163,7 +176,7 @@ struct fixture {
 };
 
 // One random operation on both stores: an append of 1-8 tokens (sometimes a gap in positions), a
-// retain of about two thirds of each head's slots, or a reset.
+// retain (per head: about two thirds of its slots, all but one, or all), or a reset.
 template <class F>
 void random_op(F& f, std::mt19937& rng) {
   const int H = f.shape.kv_heads, d = f.shape.head_dim;
@@ -178,12 +191,16 @@ void random_op(F& f, std::mt19937& rng) {
     f.append(r, l, random_rows(rng, tokens, H, d), random_rows(rng, tokens, H, d), tokens, first);
     f.mark_column();
   } else if (kind < 9) {
+    // heads release about a third of their slots, exactly one (a decode step's eviction: it
+    // leaves a hole), or none, mixed within one call
     kvsift::index_sets kept;
     for (int h = 0; h < H; ++h) {
       const int n = f.ref.length(f.shape.sequence(r, l, h));
+      const int how = static_cast<int>(rng() % 4);
+      const int gone = n > 0 ? static_cast<int>(rng() % n) : 0;
       std::vector<std::int32_t> slots;
       for (int i = 0; i < n; ++i) {
-        if (rng() % 3 != 0) slots.push_back(i);
+        if (how == 0 ? rng() % 3 != 0 : how == 3 || i != gone) slots.push_back(i);
       }
       kept.push_back(slots);
     }
@@ -197,7 +214,7 @@ void random_op(F& f, std::mt19937& rng) {
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("thrust::paged_store equals store::dense over random appends, retains and "
-                        "resets; pages are exactly ceil(length / P) per head-sequence",
+                        "resets; pages are exactly ceil(row_extent / P) per head-sequence",
                         "[thrust][paged_store]", store_execs) {
   fixture<TestType> f;
   std::mt19937 rng(7);
@@ -313,8 +330,9 @@ TEMPLATE_LIST_TEST_CASE("thrust::paged_store over an engine's pool writes the en
   f.append(2, 1, random_rows(rng, 9, H, d), random_rows(rng, 9, H, d), 9, 0);
   f.mark_column();
   f.expect_equal();  // reads the rows from key_pool(): the engine's buffer
-  // the store's own allocations hold no pool: the metadata only
-  CHECK(f.dev.allocated_bytes() < keys.bytes());
+  // the store's own allocations hold no pool: what a store owning its pool allocates, less it
+  const kvsift::thrust::paged_store<float, E> owning(f.e, f.shape, f.requests, f.capacity, page, pool, 1);
+  CHECK(f.dev.allocated_bytes() == owning.allocated_bytes() - keys.bytes() - values.bytes());
   REQUIRE_THROWS_WITH((kvsift::thrust::paged_store<float, E>(f.e, f.shape, 1, 16, page, pool, 0,
                                                               keys.data(), nullptr)),
                       ContainsSubstring("both engine pools or neither"));
@@ -387,8 +405,8 @@ TEMPLATE_LIST_TEST_CASE("thrust::paged_store exports every engine's index format
   std::mt19937 rng(11);
   const int d = f.shape.head_dim, P = f.page;
   const auto policy = f.e.policy();
-  int exported = 0;
-  for (int round = 0; round < 40; ++round) {
+  int exported = 0, page_rounds = 0, hole_rounds = 0;
+  for (int round = 0; round < 60; ++round) {
     for (int op = 0; op < 6; ++op) random_op(f, rng);
     const int l = static_cast<int>(rng() % f.shape.layers);
     std::vector<int> batch(static_cast<std::size_t>(f.requests));
@@ -431,8 +449,19 @@ TEMPLATE_LIST_TEST_CASE("thrust::paged_store exports every engine's index format
     const auto values = peek(f.dev.value_pool(), static_cast<std::int64_t>(f.pool) * P * d);
     const std::int64_t pool_rows = static_cast<std::int64_t>(f.pool) * P;
     const auto tokens_t = kvsift::thrust::flashinfer_tokens(policy, hp, kvsift::thrust::to_device<dvec>(slots));
-    const auto pages_t = kvsift::thrust::flashinfer_pages(policy, hp, kvsift::thrust::to_device<dvec>(pages), P);
+    // the pages form names whole store pages: only while every entry's rows are in slot order
+    const bool in_order = hp.row_indptr.empty();
+    kvsift::thrust::device_flashinfer_table<dvec> pages_t;
+    if (in_order) {
+      pages_t = kvsift::thrust::flashinfer_pages(policy, hp, kvsift::thrust::to_device<dvec>(pages), P);
+      ++page_rounds;
+    } else {
+      REQUIRE_THROWS_WITH(kvsift::thrust::flashinfer_pages(policy, hp, kvsift::thrust::to_device<dvec>(pages), P),
+                          ContainsSubstring("head_pages.rows"));
+      ++hole_rounds;
+    }
     for (const bool page_form : {false, true}) {
+      if (page_form && !in_order) continue;
       INFO("round " << round << (page_form ? " pages form" : " tokens form"));
       const auto& dt = page_form ? pages_t : tokens_t;
       const auto& want = page_form ? want_pages : want_tokens;
@@ -468,10 +497,97 @@ TEMPLATE_LIST_TEST_CASE("thrust::paged_store exports every engine's index format
     }
   }
   REQUIRE(exported > 500);  // the rounds exported real plans, not only empty ones
+  REQUIRE(page_rounds > 5);  // both forms, over rows in order and out of order
+  REQUIRE(hole_rounds > 5);
 
   // a request or layer out of range is named
   REQUIRE_THROWS_WITH(kvsift::thrust::page_lists<dvec>(f.dev, 0, std::vector<int>{0, f.requests}),
                       ContainsSubstring("requests[1]"));
   REQUIRE_THROWS_WITH(kvsift::thrust::page_lists<dvec>(f.dev, f.shape.layers, std::vector<int>{0}),
                       ContainsSubstring("'layer'"));
+}
+
+TEMPLATE_LIST_TEST_CASE("thrust::paged_store: a one-token eviction leaves a hole that the next "
+                        "append fills; a larger round compacts and returns pages",
+                        "[thrust][paged_store]", store_execs) {
+  fixture<TestType> f;
+  std::mt19937 rng(5);
+  const int H = f.shape.kv_heads, d = f.shape.head_dim, P = f.page;
+  const int r = 1, l = 0;
+  f.append(r, l, random_rows(rng, 12, H, d), random_rows(rng, 12, H, d), 12, 0);  // 2 pages a head
+  f.mark_column();
+  const std::int64_t elems = static_cast<std::int64_t>(f.pool) * P * d;
+  const int used = f.dev.used_pages();
+  REQUIRE(used == 2 * H);
+
+  // a decode step's eviction: head 0 releases slot 3, head 1 its last slot; nothing moves
+  const auto keys_before = peek(f.dev.key_pool(), elems);
+  const auto values_before = peek(f.dev.value_pool(), elems);
+  kvsift::index_sets one;
+  std::vector<std::int32_t> k0, k1;
+  for (int i = 0; i < 12; ++i) {
+    if (i != 3) k0.push_back(i);
+    if (i != 11) k1.push_back(i);
+  }
+  one.push_back(k0);
+  one.push_back(k1);
+  f.retain(r, l, one);
+  f.expect_equal();
+  CHECK(peek(f.dev.key_pool(), elems) == keys_before);
+  CHECK(peek(f.dev.value_pool(), elems) == values_before);
+  CHECK(f.dev.used_pages() == used);
+  for (int h = 0; h < H; ++h) {
+    const auto seq = f.shape.sequence(r, l, h);
+    CHECK(f.dev.length(seq) == 11);
+    CHECK(f.dev.row_extent(seq) == 12);
+  }
+  CHECK_FALSE(f.dev.rows_in_slot_order(f.shape.sequence(r, l, 0)));
+
+  // the next token fills each hole: no page taken, one row written per head, and it is the hole
+  f.append(r, l, random_rows(rng, 1, H, d), random_rows(rng, 1, H, d), 1, 12);
+  f.mark_column();
+  f.expect_equal();
+  CHECK(f.dev.used_pages() == used);
+  const auto keys_after = peek(f.dev.key_pool(), elems);
+  const auto row_map = peek(f.dev.row_map(), f.dev.sequences() * f.capacity);
+  std::int64_t changed_rows = 0;
+  for (std::int64_t row = 0; row < static_cast<std::int64_t>(f.pool) * P; ++row) {
+    changed_rows += !std::equal(keys_after.begin() + row * d, keys_after.begin() + (row + 1) * d,
+                                keys_before.begin() + row * d);
+  }
+  CHECK(changed_rows == H);
+  for (int h = 0; h < H; ++h) {
+    const auto seq = f.shape.sequence(r, l, h);
+    CHECK(f.dev.row_extent(seq) == 12);
+    // slot 11 (the new token) is in the released row: row 3 for head 0 (its rows were in slot
+    // order), row 11 for head 1
+    CHECK(row_map[seq * f.capacity + 11] == (h == 0 ? 3 : 11));
+  }
+
+  // a second eviction in a row with no hole waiting leaves another; two at once compact
+  f.retain(r, l, one);
+  f.expect_equal();
+  CHECK(f.dev.used_pages() == used);
+  kvsift::index_sets two;
+  two.push_back(std::vector<std::int32_t>{0, 2, 4, 5, 6, 7, 8, 9, 10});
+  two.push_back(std::vector<std::int32_t>{1, 2, 3, 4, 5, 6});
+  f.retain(r, l, two);
+  f.expect_equal();
+  CHECK(f.dev.used_pages() == 2 + 1);  // ceil(9 / 6) + ceil(6 / 6): the other pages returned
+  for (int h = 0; h < H; ++h) {
+    CHECK(f.dev.rows_in_slot_order(f.shape.sequence(r, l, h)));
+    CHECK(f.dev.row_extent(f.shape.sequence(r, l, h)) == f.dev.length(f.shape.sequence(r, l, h)));
+  }
+  // a reset returns the pages of a request whose rows hold a hole too
+  f.retain(r, l, [&] {
+    kvsift::index_sets s1;
+    s1.push_back(std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+    s1.push_back(std::vector<std::int32_t>{0, 1, 2, 3, 4, 5});
+    return s1;
+  }());
+  f.ref.reset(r);
+  f.dev.reset(r);
+  f.expect_equal();
+  CHECK(f.dev.used_pages() == 0);
+  REQUIRE_NOTHROW(f.dev.check());
 }

@@ -46,8 +46,9 @@ namespace kvsift::thrust {
 //           store::dense [sequences, capacity, d] array with segment_stride = capacity * d.
 // `positions` (same addressing, one int32 per row; may be null = position j) gives the original
 // positions, used for causal visibility.
-// Paged rows (thrust::paged_store): with a `page_table`, token j of segment s is row
-// page_table[s * table_stride + j / page_size] * page_size + j % page_size of `data` (a pool of
+// Paged rows (thrust::paged_store): with a `page_table`, token j of segment s is in the
+// segment's row r = row_map[s * row_map_stride + j] (r = j without a row map), which is row
+// page_table[s * table_stride + r / page_size] * page_size + r % page_size of `data` (a pool of
 // pages of page_size rows), while `positions` keeps the strided addressing above.
 template <class T>
 struct segmented_rows {
@@ -60,6 +61,8 @@ struct segmented_rows {
   const std::int32_t* page_table = nullptr;  // paged rows: [num_segments, table_stride] pages
   std::int64_t table_stride = 0;             // page-table entries per segment
   int page_size = 0;                         // rows per page
+  const std::int32_t* row_map = nullptr;     // paged rows: each token's row in its pages; null = j
+  std::int64_t row_map_stride = 0;           // entries of row_map between segment starts
 
   [[nodiscard]] KVSIFT_HOST_DEVICE int length(int s) const { return offsets[s + 1] - offsets[s]; }
   // Index of token j of segment s in `positions` (and in `data` unless paged).
@@ -70,8 +73,9 @@ struct segmented_rows {
   // Row of `data` holding token j of segment s.
   [[nodiscard]] KVSIFT_HOST_DEVICE std::int64_t row_index(int s, int j) const {
     if (page_table != nullptr) {
-      return static_cast<std::int64_t>(page_table[s * table_stride + j / page_size]) * page_size +
-             j % page_size;
+      const std::int32_t r = row_map == nullptr ? j : row_map[s * row_map_stride + j];
+      return static_cast<std::int64_t>(page_table[s * table_stride + r / page_size]) * page_size +
+             r % page_size;
     }
     return slot_index(s, j);
   }

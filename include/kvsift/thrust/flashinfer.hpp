@@ -108,17 +108,29 @@ struct pl_page_fn {
     return table[table_row[s] * stride + (i - indptr[s])];
   }
 };
+// The same for the row of each slot, from the store's row map ([sequences, capacity]).
+struct pl_row_fn {
+  const std::int32_t* row_indptr;
+  const std::int32_t* table_row;
+  const std::int32_t* row_map;
+  std::int64_t capacity;
+  int entries;
+  KVSIFT_HOST_DEVICE std::int32_t operator()(std::int64_t i) const {
+    const int s = segment_of(row_indptr, entries, i);
+    return row_map[table_row[s] * capacity + (i - row_indptr[s])];
+  }
+};
 
 }  // namespace detail
 
 // The page lists of (requests[i], layer, h) for every i and KV head h, in that order, from a
 // thrust::paged_store, as kvsift::page_lists gives them from a store::paged: the input of
 // flashinfer_tokens / flashinfer_pages, and through them of the other engines' formats
-// (thrust/engine_tables.hpp). The offsets and lengths are host arithmetic on the store's shadows
-// (ceil(length / P) pages per entry), copied up; the page ids are gathered from the store's
-// device page table, one thread each, nothing read back. A paged_store's retain compacts, so a
-// slot is its row (no row map) and an entry's pages hold exactly its tokens (no extents): the
-// pages form applies to any plan. Allocates the lists (Vector, e.g. a
+// (thrust/engine_tables.hpp). The offsets, lengths and extents are host arithmetic on the store's
+// shadows (ceil(row_extent / P) pages per entry), copied up; the page ids, and the row of each
+// slot where a round left rows out of slot order (the store's shadow says where), are gathered on
+// the device from its page table and row map, one thread each, nothing read back. The pages form
+// needs rows in slot order, as the host's does. Allocates the lists (Vector, e.g. a
 // thrust::device_vector<std::int32_t>): build them once per layer's batch, not per kernel call.
 template <class Vector, Element T, DeviceExec E>
 [[nodiscard]] device_head_pages<Vector> page_lists(const paged_store<T, E>& store, int layer,
@@ -135,26 +147,41 @@ template <class Vector, Element T, DeviceExec E>
   require(store.sequences() <= std::numeric_limits<std::int32_t>::max(), where, "store.sequences()",
           store.sequences(), "<= 2^31 - 1 (page-table rows are int32 here)");
   const int P = store.page_size();
-  std::vector<std::int32_t> indptr{0}, lengths, rows;
+  std::vector<std::int32_t> indptr{0}, row_indptr{0}, lengths, extents, seqs;
+  bool in_order = true, holes = false;
   for (const int r : requests) {
     for (int h = 0; h < sh.kv_heads; ++h) {
       const auto seq = sh.sequence(r, layer, h);
-      const int n = store.length(seq);
-      indptr.push_back(indptr.back() + (n + P - 1) / P);
+      const int n = store.length(seq), extent = store.row_extent(seq);
+      indptr.push_back(indptr.back() + (extent + P - 1) / P);
+      row_indptr.push_back(row_indptr.back() + n);
       lengths.push_back(n);
-      rows.push_back(static_cast<std::int32_t>(seq));
+      extents.push_back(extent);
+      seqs.push_back(static_cast<std::int32_t>(seq));
+      in_order = in_order && store.rows_in_slot_order(seq);
+      holes = holes || extent != n;
     }
   }
+  if (!holes) extents.clear();
   device_head_pages<Vector> hp{Vector(indptr.begin(), indptr.end()), Vector(indptr.back()),
-                               Vector(lengths.begin(), lengths.end()), P, Vector(), Vector(), Vector()};
-  const Vector table_row(rows.begin(), rows.end());
+                               Vector(lengths.begin(), lengths.end()), P, Vector(), Vector(),
+                               Vector(extents.begin(), extents.end())};
+  const Vector table_row(seqs.begin(), seqs.end());
+  const int entries = static_cast<int>(seqs.size());
   const ::thrust::counting_iterator<std::int64_t> zero(0);
-  ::thrust::transform(store.exec().policy(), zero, zero + indptr.back(),
-                      ::thrust::raw_pointer_cast(hp.pages.data()),
+  const auto policy = store.exec().policy();
+  ::thrust::transform(policy, zero, zero + indptr.back(), ::thrust::raw_pointer_cast(hp.pages.data()),
                       detail::pl_page_fn{::thrust::raw_pointer_cast(hp.indptr.data()),
                                          ::thrust::raw_pointer_cast(table_row.data()),
-                                         store.page_table(), store.table_stride(),
-                                         static_cast<int>(lengths.size())});
+                                         store.page_table(), store.table_stride(), entries});
+  if (!in_order) {
+    hp.row_indptr = Vector(row_indptr.begin(), row_indptr.end());
+    hp.rows = Vector(row_indptr.back());
+    ::thrust::transform(policy, zero, zero + row_indptr.back(), ::thrust::raw_pointer_cast(hp.rows.data()),
+                        detail::pl_row_fn{::thrust::raw_pointer_cast(hp.row_indptr.data()),
+                                          ::thrust::raw_pointer_cast(table_row.data()),
+                                          store.row_map(), store.capacity(), entries});
+  }
   return hp;
 }
 

@@ -11,25 +11,32 @@
 //   kvsift::thrust::paged_store<float, kvsift::exec::sim_cpp> st(e, shape, requests,
 //       /*capacity=*/4096, /*page_size=*/16, /*pool_pages=*/2048, /*columns=*/1);
 //   st.append(request, layer, k, v, first_position);   // takes pages from the pool
-//   st.retain(request, layer, kept_counts, kept);       // compacts, returns emptied pages
+//   st.retain(request, layer, kept_counts, kept);       // leaves a hole, or compacts and
+//                                                       // returns the emptied pages
 //   st.reset(request);                                  // returns every page of the request
 //   auto [k, v] = st.head_rows(seq0, offsets);          // segmented_rows through the page table
 //
 // Layout. The pool: keys and values [pool_pages, page_size, d] each (HND pages: a page holds
 // page_size tokens of one KV head), owned or a view of the engine's pool (the constructor taking
 // keys/values). Page table: [sequences, ceil(capacity / page_size)] page ids; the first
-// ceil(length / page_size) entries of a head-sequence are its pages, slot i in page i / P, row
-// i % P. Free pages: a stack in E memory whose height is a host shadow. Per-slot metadata, the
-// original positions and `columns` float side columns (H2O's running scores), stay dense
-// [sequences, capacity], as in thrust::dense_store: 4 bytes a token each against 4d (bf16) of K
-// and V.
+// ceil(row_extent / page_size) entries of a head-sequence are its pages, its row r in page
+// r / P at r % P. Slots and rows (store/basic.hpp's "Slots and rows", on the device): slot i (the
+// i-th resident token by position) is in row row_map[i]; the rows in use are [0, length), or
+// [0, length + 1) with one released row among them (the waiting hole) that the next append
+// fills. Free pages: a stack in E memory whose height is a host shadow. Per-slot metadata, the
+// row map, the original positions and `columns` float side columns (H2O's running scores), stay
+// dense [sequences, capacity], as in thrust::dense_store: 4 bytes a token each against 4d (bf16)
+// of K and V.
 //
 // Contract (thrust::dense_store's): counts are host shadows (the data decides which slots a retain
 // keeps, the host how many, hence how many pages move), so append, retain and reset read nothing
 // back and allocate nothing after construction: the page ids move on the device, from the stack
-// to the table and back. A retain compacts (kept slot i becomes slot i, positions and columns
-// with it: the rows, slot for slot, of a thrust::dense_store after the same calls) and then
-// returns the pages past ceil(kept / P). Host-visible arguments are checked before anything
+// to the table and back. A retain keeps kept slot i as slot i (positions, columns and row map
+// compacted: slot for slot, what a thrust::dense_store holds after the same calls), and picks per
+// head from the counts alone (host arithmetic): one token released and no hole waiting (a decode
+// step's eviction) leaves the hole: no K/V row moves, the released row waits for the next append
+// and the pages stay; any other round compacts the rows (slot i into row i) and returns the pages
+// past ceil(kept / P); nothing released changes nothing. Host-visible arguments are checked before anything
 // changes: an append the pool cannot serve is refused (kvsift::error naming the pages needed and
 // free) with every table and the pool unchanged, which is admission control for a continuous
 // batch. Bad kept slots and NaN/Inf keys or values are found on the device and raised by the next
@@ -110,6 +117,8 @@ struct append_paged_fn {
   int num_columns;
   std::int64_t column_stride;
   const std::int32_t* lengths;
+  const std::int32_t* holes;  // [sequences] the waiting hole's row, or -1
+  std::int32_t* row_map;      // [sequences, capacity]
   std::int64_t seq0;
   std::int64_t capacity;
   std::int32_t first;
@@ -122,8 +131,10 @@ struct append_paged_fn {
     const int t = static_cast<int>(th / k.heads);
     const std::int64_t seq = seq0 + h;
     const std::int64_t slot = lengths[seq] + t;
+    // the first token fills the waiting hole; the rest go past the rows in use
+    const std::int32_t r = t == 0 && holes[seq] >= 0 ? holes[seq] : static_cast<std::int32_t>(slot);
     const std::int64_t row =
-        static_cast<std::int64_t>(table[seq * stride + slot / page_size]) * page_size + slot % page_size;
+        static_cast<std::int64_t>(table[seq * stride + r / page_size]) * page_size + r % page_size;
     const T key = k.row(t, h)[c];
     const T value = v.row(t, h)[c];
     keys[row * d + c] = key;
@@ -132,27 +143,34 @@ struct append_paged_fn {
     if (!(fk - fk == 0.0f && fv - fv == 0.0f)) *nonfinite = 1;
     if (c == 0) {
       positions[seq * capacity + slot] = first + t;
+      row_map[seq * capacity + slot] = r;
       for (int j = 0; j < num_columns; ++j) columns[j * column_stride + seq * capacity + slot] = 0.0f;
     }
   }
 };
 
-// Kept row t (slot kept[t] of head s) of a retain into packed[t], through the page table.
+// How a retain treats each KV head (paged_store::retain picks it from the counts).
+enum retain_mode : std::int32_t { compact_rows = 0, leave_hole = 1, unchanged = 2 };
+
+// Kept row t (slot kept[t] of head s) of a retain into packed[t], through the page table and the
+// row map; heads that do not compact skip.
 template <class T>
 struct gather_kept_fn {
   segmented_rows<T> src;  // the heads' rows before the retain (paged)
   const std::int32_t* kept_offsets;
+  const std::int32_t* modes;  // [heads]
   const std::int32_t* kept;
   T* packed;
   KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
     const std::int64_t t = e / src.dim;
     const int c = static_cast<int>(e % src.dim);
     const int s = segment_of(kept_offsets, src.num_segments, t);
+    if (modes[s] != compact_rows) return;
     packed[e] = src.row(s, kept[t])[c];
   }
 };
 
-// packed[t] into slot t - kept_offsets[s] of head s, through the page table.
+// packed[t] into row t - kept_offsets[s] of a compacting head s, through the page table.
 template <class T>
 struct scatter_kept_fn {
   T* data;
@@ -162,11 +180,13 @@ struct scatter_kept_fn {
   int heads;
   int dim;
   const std::int32_t* kept_offsets;
+  const std::int32_t* modes;
   const T* packed;
   KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
     const std::int64_t t = e / dim;
     const int c = static_cast<int>(e % dim);
     const int s = segment_of(kept_offsets, heads, t);
+    if (modes[s] != compact_rows) return;
     const std::int64_t i = t - kept_offsets[s];
     const std::int64_t row =
         static_cast<std::int64_t>(table[s * stride + i / page_size]) * page_size + i % page_size;
@@ -198,6 +218,78 @@ struct scatter_slots_fn {
   KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
     const int s = segment_of(kept_offsets, heads, t);
     dst[s * capacity + (t - kept_offsets[s])] = packed[t];
+  }
+};
+
+// A head that leaves a hole released exactly one slot e of its n; the hole is e's row. First the
+// last slot's row (e = n - 1: every kept slot is its own index), ...
+struct hole_at_end_fn {
+  const std::int32_t* row_map;  // [sequences, capacity], before the retain
+  const std::int32_t* lengths;  // before the retain
+  const std::int32_t* modes;
+  std::int32_t* holes;
+  std::int64_t seq0;
+  std::int64_t capacity;
+  KVSIFT_HOST_DEVICE void operator()(int h) const {
+    const std::int64_t seq = seq0 + h;
+    if (modes[h] == leave_hole) holes[seq] = row_map[seq * capacity + lengths[seq] - 1];
+  }
+};
+// ... then, where e < n - 1, the one kept entry i with kept[i] = i + 1 after kept[i - 1] = i - 1.
+struct hole_inside_fn {
+  const std::int32_t* kept;  // checked
+  const std::int32_t* kept_offsets;
+  const std::int32_t* modes;
+  const std::int32_t* row_map;
+  std::int32_t* holes;
+  std::int64_t seq0;
+  std::int64_t capacity;
+  int heads;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const int s = segment_of(kept_offsets, heads, t);
+    if (modes[s] != leave_hole) return;
+    const std::int32_t i = static_cast<std::int32_t>(t - kept_offsets[s]);
+    if (kept[t] != i && (i == 0 || kept[t - 1] == i - 1)) {
+      holes[seq0 + s] = row_map[(seq0 + s) * capacity + i];
+    }
+  }
+};
+// After a compacting head's rows moved: slot i is row i.
+struct identity_rows_fn {
+  std::int32_t* row_map;
+  const std::int32_t* kept_offsets;
+  const std::int32_t* modes;
+  std::int64_t seq0;
+  std::int64_t capacity;
+  int heads;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const int s = segment_of(kept_offsets, heads, t);
+    if (modes[s] != compact_rows) return;
+    const std::int64_t i = t - kept_offsets[s];
+    row_map[(seq0 + s) * capacity + i] = static_cast<std::int32_t>(i);
+  }
+};
+// A retain's new lengths; a compacting head has no hole left.
+struct retain_lengths_fn {
+  std::int32_t* lengths;
+  std::int32_t* holes;
+  const std::int32_t* kept_offsets;
+  const std::int32_t* modes;
+  std::int64_t seq0;
+  KVSIFT_HOST_DEVICE void operator()(int h) const {
+    lengths[seq0 + h] = kept_offsets[h + 1] - kept_offsets[h];
+    if (modes[h] == compact_rows) holes[seq0 + h] = -1;
+  }
+};
+// An append's new lengths; its first token filled any waiting hole.
+struct append_lengths_fn {
+  std::int32_t* lengths;
+  std::int32_t* holes;
+  std::int64_t seq0;
+  int tokens;
+  KVSIFT_HOST_DEVICE void operator()(int h) const {
+    lengths[seq0 + h] += tokens;
+    holes[seq0 + h] = -1;
   }
 };
 
@@ -233,19 +325,24 @@ class paged_store : public one_tier_shadow {
         positions_(exec, static_cast<std::size_t>(sequences_) * capacity_),
         columns_data_(exec, static_cast<std::size_t>(columns_) * sequences_ * capacity_),
         lengths_(exec, static_cast<std::size_t>(sequences_)),
-        kept_offsets_(exec, static_cast<std::size_t>(shape_.kv_heads) + 1),
+        row_map_(exec, static_cast<std::size_t>(sequences_) * capacity_),
+        holes_(exec, static_cast<std::size_t>(sequences_)),
+        kept_offsets_(exec, 2 * static_cast<std::size_t>(shape_.kv_heads) + 1),
         kept_(exec, static_cast<std::size_t>(shape_.kv_heads) * capacity_),
         page_desc_(exec, 3 * static_cast<std::size_t>(shape_.sequences_per_request()) + 1),
         packed_(exec, static_cast<std::size_t>(shape_.kv_heads) * capacity_ * shape_.head_dim),
         packed_meta_(exec, static_cast<std::size_t>(shape_.kv_heads) * capacity_),
         error_(exec, 2),
-        host_offsets_(static_cast<std::size_t>(shape_.kv_heads) + 1, 0),
+        host_offsets_(2 * static_cast<std::size_t>(shape_.kv_heads) + 1, 0),
+        hole_(static_cast<std::size_t>(sequences_), 0),
+        ordered_(static_cast<std::size_t>(sequences_), 1),
         free_(pool_pages) {
     constexpr std::string_view where = "thrust::paged_store";
     require((keys == nullptr) == (values == nullptr), where, keys == nullptr ? "keys" : "values",
             "null", "both engine pools or neither");
     const auto policy = exec_.policy();
     ::thrust::fill_n(policy, lengths_.data(), sequences_, 0);
+    ::thrust::fill_n(policy, holes_.data(), sequences_, -1);
     ::thrust::fill_n(policy, table_.data(), static_cast<std::int64_t>(sequences_) * stride_, -1);
     // the stack's top is page 0, so a fresh store hands out pages 0, 1, 2, ... in order
     ::thrust::sequence(policy, stack_.data(), stack_.data() + pool_pages, pool_pages - 1, -1);
@@ -264,13 +361,21 @@ class paged_store : public one_tier_shadow {
   // Tokens a head-sequence can hold: its table's length, and the pages it has and the pool has.
   [[nodiscard]] int capacity(std::int64_t seq = -1) const {
     if (seq < 0) return capacity_;
-    const std::int64_t most = (static_cast<std::int64_t>(pages_of(length_[seq])) + free_) * page_;
+    const std::int64_t most = (static_cast<std::int64_t>(pages_of(row_extent(seq))) + free_) * page_;
     return static_cast<int>(std::min<std::int64_t>(capacity_, most));
   }
-  // Pages the pool must give seq for `tokens` more tokens (what append() takes, for checks).
+  // Pages the pool must give seq for `tokens` more tokens (what append() takes, for checks): the
+  // first fills a waiting hole.
   [[nodiscard]] int pages_to_append(std::int64_t seq, int tokens) const {
-    return pages_of(length_[seq] + tokens) - pages_of(length_[seq]);
+    const int extent = row_extent(seq);
+    return pages_of(std::max(extent, length_[seq] + tokens)) - pages_of(extent);
   }
+  // Rows a head-sequence's pages hold: its tokens, and a released row (the waiting hole) the next
+  // append fills. Its pages are the first ceil(row_extent / P) of its table.
+  [[nodiscard]] int row_extent(std::int64_t seq) const { return length_[seq] + hole_[seq]; }
+  // Whether slot i is row i for every slot (a host shadow, conservative: false from a round that
+  // left a hole until a round compacts or a reset).
+  [[nodiscard]] bool rows_in_slot_order(std::int64_t seq) const { return ordered_[seq] != 0; }
   // Bytes of the pages in use (keys and values): memory is held, and released, page by page.
   [[nodiscard]] std::int64_t resident_bytes() const {
     return static_cast<std::int64_t>(used_pages()) * page_ * 2 * shape_.head_dim *
@@ -287,6 +392,8 @@ class paged_store : public one_tier_shadow {
   [[nodiscard]] std::int32_t* positions() { return positions_.data(); }
   [[nodiscard]] const std::int32_t* positions() const { return positions_.data(); }
   [[nodiscard]] const std::int32_t* lengths() const { return lengths_.data(); }
+  // [sequences, capacity] the row of each slot (seq * capacity + i), in its pages.
+  [[nodiscard]] const std::int32_t* row_map() const { return row_map_.data(); }
   // Side column j: [sequences, capacity] floats, slot i of seq at j's seq * capacity + i.
   [[nodiscard]] float* column(int j) {
     require(j >= 0 && j < columns_, "thrust::paged_store.column", "j", j,
@@ -294,12 +401,13 @@ class paged_store : public one_tier_shadow {
     return columns_data_.data() + static_cast<std::size_t>(j) * sequences_ * capacity_;
   }
   // The KV heads seq0, seq0 + 1, ... as segments of a local CSR `offsets` (E memory): keys and
-  // values through the page table, positions dense.
+  // values through the row map and the page table, positions dense.
   [[nodiscard]] std::pair<segmented_rows<T>, segmented_rows<T>> head_rows(
       std::int64_t seq0, const std::int32_t* offsets) const {
     segmented_rows<T> k{keys_, offsets, positions_.data() + seq0 * capacity_,
                         static_cast<std::int64_t>(capacity_) * shape_.head_dim, shape_.kv_heads,
-                        shape_.head_dim, table_.data() + seq0 * stride_, stride_, page_};
+                        shape_.head_dim, table_.data() + seq0 * stride_, stride_, page_,
+                        row_map_.data() + seq0 * capacity_, capacity_};
     auto v = k;
     v.data = values_;
     return {k, v};
@@ -330,7 +438,7 @@ class paged_store : public one_tier_shadow {
       const int n = pages_to_append(seq0 + h, k.tokens);
       if (n == 0) continue;
       desc_.push_back(desc_.back() + n);
-      first_.push_back(pages_of(length_[seq0 + h]));
+      first_.push_back(pages_of(row_extent(seq0 + h)));
       seqs_.push_back(static_cast<std::int32_t>(seq0 + h));
     }
     move_pages(/*take=*/true);
@@ -340,17 +448,21 @@ class paged_store : public one_tier_shadow {
         static_cast<std::int64_t>(k.tokens) * H * shape_.head_dim,
         detail::append_paged_fn<T, L, memory_space>{
             k, v, keys_, values_, table_.data(), stride_, page_, positions_.data(),
-            columns_data_.data(), columns_, sequences_ * capacity_, lengths_.data(), seq0,
-            capacity_, first_position, error_.data() + 1});
+            columns_data_.data(), columns_, sequences_ * capacity_, lengths_.data(), holes_.data(),
+            row_map_.data(), seq0, capacity_, first_position, error_.data() + 1});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), H,
-                         detail::grow_lengths_fn{lengths_.data(), seq0, k.tokens});
+                         detail::append_lengths_fn{lengths_.data(), holes_.data(), seq0, k.tokens});
+    for (int h = 0; h < H; ++h) hole_[seq0 + h] = 0;
     appended(request, layer, k.tokens, first_position + k.tokens);
   }
 
   // Keeps, for each KV head h of (request, layer), kept_counts[h] slots: the h-th run of `kept`
   // (E memory, ascending slots below the head's length, runs back to back); kept slot i becomes
-  // slot i (positions and columns with it), then the pages past ceil(kept_counts[h] / P) go back
-  // to the pool. Counts checked here; slots on the device (check()).
+  // slot i (positions, columns and row map with it). Per head, from the counts: one slot released
+  // with no hole waiting leaves its row as the hole (no row moves, no page returns); any other
+  // release compacts the rows (kept slot i into row i) and returns the pages past
+  // ceil(kept_counts[h] / P); none released changes nothing. Counts checked here; slots on the
+  // device (check()).
   void retain(int request, int layer, std::span<const int> kept_counts, const std::int32_t* kept) {
     constexpr std::string_view where = "thrust::paged_store.retain";
     check_request_layer(where, request, layer);
@@ -360,42 +472,81 @@ class paged_store : public one_tier_shadow {
     const std::int64_t num_kept =
         detail::retain_offsets(where, kept_counts, length_.data() + seq0, H, host_offsets_.data());
     require(num_kept == 0 || kept != nullptr, where, "kept", "null", "the kept slots in E memory");
+    std::int32_t* modes = host_offsets_.data() + H + 1;
+    bool moves = false, holes = false;
+    for (int h = 0; h < H; ++h) {
+      const std::int64_t seq = seq0 + h;
+      modes[h] = kept_counts[h] == length_[seq]                       ? detail::unchanged
+                 : kept_counts[h] == length_[seq] - 1 && !hole_[seq] ? detail::leave_hole
+                                                                      : detail::compact_rows;
+      moves = moves || modes[h] == detail::compact_rows;
+      holes = holes || modes[h] == detail::leave_hole;
+    }
     copy_to_device(exec_, std::span<const std::int32_t>(host_offsets_), kept_offsets_);
+    const std::int32_t* dev_modes = kept_offsets_.data() + H + 1;
     const auto policy = exec_.policy();
     const ::thrust::counting_iterator<std::int64_t> zero(0);
     if (num_kept > 0) {
       ::thrust::for_each_n(policy, zero, num_kept,
                            detail::check_kept_fn{kept, kept_offsets_.data(), lengths_.data(), seq0,
                                                  H, kept_.data(), error_.data()});
-      const auto [k, v] = head_rows(seq0, kept_offsets_.data());
-      for (const auto& rows : {k, v}) {
-        T* data = rows.data == keys_ ? keys_ : values_;
-        ::thrust::for_each_n(policy, zero, num_kept * d,
-                             detail::gather_kept_fn<T>{rows, kept_offsets_.data(), kept_.data(),
-                                                       packed_.data()});
-        ::thrust::for_each_n(policy, zero, num_kept * d,
-                             detail::scatter_kept_fn<T>{data, table_.data() + seq0 * stride_, stride_,
-                                                        page_, H, d, kept_offsets_.data(),
-                                                        packed_.data()});
+    }
+    if (holes) {  // the released rows, before the row map compacts
+      ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), H,
+                           detail::hole_at_end_fn{row_map_.data(), lengths_.data(), dev_modes,
+                                                  holes_.data(), seq0, capacity_});
+      ::thrust::for_each_n(policy, zero, num_kept,
+                           detail::hole_inside_fn{kept_.data(), kept_offsets_.data(), dev_modes,
+                                                  row_map_.data(), holes_.data(), seq0, capacity_, H});
+    }
+    if (num_kept > 0) {
+      if (moves) {
+        const auto [k, v] = head_rows(seq0, kept_offsets_.data());
+        for (const auto& rows : {k, v}) {
+          T* data = rows.data == keys_ ? keys_ : values_;
+          ::thrust::for_each_n(policy, zero, num_kept * d,
+                               detail::gather_kept_fn<T>{rows, kept_offsets_.data(), dev_modes,
+                                                         kept_.data(), packed_.data()});
+          ::thrust::for_each_n(policy, zero, num_kept * d,
+                               detail::scatter_kept_fn<T>{data, table_.data() + seq0 * stride_, stride_,
+                                                          page_, H, d, kept_offsets_.data(),
+                                                          dev_modes, packed_.data()});
+        }
       }
       compact_slots(positions_.data() + seq0 * capacity_, num_kept);
+      compact_slots(row_map_.data() + seq0 * capacity_, num_kept);
       for (int j = 0; j < columns_; ++j) {
         compact_slots(column(j) + seq0 * capacity_, num_kept);
       }
+      if (moves) {
+        ::thrust::for_each_n(policy, zero, num_kept,
+                             detail::identity_rows_fn{row_map_.data(), kept_offsets_.data(), dev_modes,
+                                                      seq0, capacity_, H});
+      }
     }
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), H,
-                         detail::set_lengths_fn{lengths_.data(), kept_offsets_.data(), seq0});
+                         detail::retain_lengths_fn{lengths_.data(), holes_.data(), kept_offsets_.data(),
+                                                   dev_modes, seq0});
     desc_.assign(1, 0);
     first_.clear();
     seqs_.clear();
     for (int h = 0; h < H; ++h) {
-      const int before = pages_of(length_[seq0 + h]), after = pages_of(kept_counts[h]);
+      const std::int64_t seq = seq0 + h;
+      const int before = pages_of(row_extent(seq));
+      if (modes[h] == detail::leave_hole) {
+        hole_[seq] = 1;
+        ordered_[seq] = 0;
+      } else if (modes[h] == detail::compact_rows) {
+        hole_[seq] = 0;
+        ordered_[seq] = 1;
+      }
+      length_[seq] = kept_counts[h];
+      const int after = pages_of(row_extent(seq));
       if (before > after) {
         desc_.push_back(desc_.back() + before - after);
         first_.push_back(after);
-        seqs_.push_back(static_cast<std::int32_t>(seq0 + h));
+        seqs_.push_back(static_cast<std::int32_t>(seq));
       }
-      length_[seq0 + h] = kept_counts[h];
     }
     move_pages(/*take=*/false);
   }
@@ -408,13 +559,17 @@ class paged_store : public one_tier_shadow {
     first_.clear();
     seqs_.clear();
     for (std::int64_t s = request * per; s < (request + 1) * per; ++s) {
-      if (length_[s] == 0) continue;
-      desc_.push_back(desc_.back() + pages_of(length_[s]));
-      first_.push_back(0);
-      seqs_.push_back(static_cast<std::int32_t>(s));
+      if (row_extent(s) > 0) {
+        desc_.push_back(desc_.back() + pages_of(row_extent(s)));
+        first_.push_back(0);
+        seqs_.push_back(static_cast<std::int32_t>(s));
+      }
+      hole_[s] = 0;
+      ordered_[s] = 1;
     }
     move_pages(/*take=*/false);
     ::thrust::fill_n(exec_.policy(), lengths_.data() + request * per, per, 0);
+    ::thrust::fill_n(exec_.policy(), holes_.data() + request * per, per, -1);
     forget(request);
   }
 
@@ -438,7 +593,8 @@ class paged_store : public one_tier_shadow {
   // all of it at construction.
   [[nodiscard]] std::size_t allocated_bytes() const {
     return own_keys_.bytes() + own_values_.bytes() + table_.bytes() + stack_.bytes() +
-           positions_.bytes() + columns_data_.bytes() + lengths_.bytes() + kept_offsets_.bytes() +
+           positions_.bytes() + columns_data_.bytes() + lengths_.bytes() + row_map_.bytes() +
+           holes_.bytes() + kept_offsets_.bytes() +
            kept_.bytes() + page_desc_.bytes() + packed_.bytes() + packed_meta_.bytes() + error_.bytes();
   }
 
@@ -515,13 +671,17 @@ class paged_store : public one_tier_shadow {
   buffer<std::int32_t, E> positions_;     // [sequences, capacity]
   buffer<float, E> columns_data_;         // [columns, sequences, capacity]
   buffer<std::int32_t, E> lengths_;       // [sequences]
-  buffer<std::int32_t, E> kept_offsets_;  // [kv_heads + 1] a retain's descriptor
+  buffer<std::int32_t, E> row_map_;       // [sequences, capacity] each slot's row
+  buffer<std::int32_t, E> holes_;         // [sequences] the waiting hole's row, or -1
+  buffer<std::int32_t, E> kept_offsets_;  // [2 kv_heads + 1] a retain's CSR, then each head's mode
   buffer<std::int32_t, E> kept_;          // [kv_heads * capacity] a retain's checked slots
   buffer<std::int32_t, E> page_desc_;     // a page move's runs: CSR, first entries, seqs
   buffer<T, E> packed_;                   // [kv_heads * capacity, d] a retain's kept rows
   buffer<std::int32_t, E> packed_meta_;   // [kv_heads * capacity] a retain's positions / column
   buffer<int, E> error_;                  // [2] bad kept slot, NaN/Inf: raised by check()
   std::vector<std::int32_t> host_offsets_;  // a retain's descriptor, built on the host
+  std::vector<char> hole_;                // host shadow: a hole waits in seq's rows
+  std::vector<char> ordered_;             // host shadow: slot i is row i (conservative)
   int free_;                              // host shadow: free pages (the stack's height)
   std::vector<std::int32_t> desc_, first_, seqs_, host_desc_;  // a page move's runs (host)
 };
