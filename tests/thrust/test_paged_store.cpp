@@ -591,3 +591,88 @@ TEMPLATE_LIST_TEST_CASE("thrust::paged_store: a one-token eviction leaves a hole
   CHECK(f.dev.used_pages() == 0);
   REQUIRE_NOTHROW(f.dev.check());
 }
+
+TEMPLATE_LIST_TEST_CASE("thrust::paged_store: bad kept slots in every retain mode are raised by "
+                        "check(), memory stays consistent, and a hole fills with no page free",
+                        "[thrust][paged_store]", store_execs) {
+  using E = TestType;
+  const int H = 2, d = 8;
+  for (const int mode : {0, 1, 2}) {  // the bad list's head: compacts, leaves a hole, unchanged
+    INFO("mode " << mode);
+    fixture<E> f;
+    std::mt19937 rng(9 + static_cast<std::uint32_t>(mode));
+    f.append(0, 0, random_rows(rng, 10, H, d), random_rows(rng, 10, H, d), 10, 0);
+    // head 0: a list the host cannot tell from a good one (right count), bad on the device
+    std::vector<std::int32_t> bad;
+    const int count = mode == 0 ? 5 : mode == 1 ? 9 : 10;
+    for (int i = 0; i < count; ++i) bad.push_back(i == 1 ? 7 : i == 2 ? 0 : i);  // out of order
+    std::vector<std::int32_t> good;  // head 1 keeps its first 8
+    for (int i = 0; i < 8; ++i) good.push_back(i);
+    std::vector<std::int32_t> all = bad;
+    all.insert(all.end(), good.begin(), good.end());
+    copy_to_device(f.e, std::span<const std::int32_t>(all), f.kept_in);
+    const std::vector<int> counts{count, 8};
+    f.dev.retain(0, 0, counts, f.kept_in.data());
+    CHECK_THROWS_AS(f.dev.check(), kvsift::error);
+    CHECK_NOTHROW(f.dev.check());  // raised once
+    // the counts hold and the pages match them; every slot's row is below the extent
+    const auto row_map = peek(f.dev.row_map(), f.dev.sequences() * f.capacity);
+    for (int h = 0; h < H; ++h) {
+      const auto seq = f.shape.sequence(0, 0, h);
+      CHECK(f.dev.length(seq) == counts[h]);
+      const int extent = f.dev.row_extent(seq);
+      std::vector<char> used(static_cast<std::size_t>(extent), 0);
+      for (int i = 0; i < counts[h]; ++i) {
+        const int r = row_map[seq * f.capacity + i];
+        REQUIRE(r >= 0);
+        REQUIRE(r < extent);
+        // a compacting head rewrites its rows in slot order; the others keep the flagged list's
+        // rows (in range, perhaps repeated: the data is lost, the memory is not)
+        if (h == 1 || mode == 0) CHECK(used[r] == 0);
+        used[r] = 1;
+      }
+    }
+    // the store goes on: a reset returns every page
+    f.dev.reset(0);
+    CHECK(f.dev.used_pages() == 0);
+  }
+
+  // a token that fills a hole needs no page: taken with the pool empty
+  fixture<E> f(/*pool_pages=*/4);  // 4 pages of 6: two heads of 12 tokens
+  std::mt19937 rng(3);
+  f.append(2, 1, random_rows(rng, 12, H, d), random_rows(rng, 12, H, d), 12, 0);
+  f.mark_column();
+  REQUIRE(f.dev.free_pages() == 0);
+  for (int h = 0; h < H; ++h) CHECK(f.dev.capacity(f.shape.sequence(2, 1, h)) == 12);
+  REQUIRE_THROWS_WITH(f.append(2, 1, random_rows(rng, 1, H, d), random_rows(rng, 1, H, d), 1, 12),
+                      ContainsSubstring("pages in the pool"));
+  kvsift::index_sets one;
+  for (int h = 0; h < H; ++h) {
+    std::vector<std::int32_t> k;
+    for (int i = 0; i < 12; ++i) {
+      if (i != 5 + h) k.push_back(i);
+    }
+    one.push_back(k);
+  }
+  f.dev.retain(2, 1, std::vector<int>{11, 11}, [&] {
+    std::vector<std::int32_t> flat;
+    for (int h = 0; h < H; ++h) flat.insert(flat.end(), one[h].begin(), one[h].end());
+    copy_to_device(f.e, std::span<const std::int32_t>(flat), f.kept_in);
+    return f.kept_in.data();
+  }());
+  CHECK(f.dev.free_pages() == 0);  // the hole holds its page
+  // the refused append left its token in k_in / v_in: it goes in now, into the holes
+  REQUIRE_NOTHROW(f.dev.append(2, 1,
+                               kvsift::kv_view<const float, nhd, typename E::memory_space>::contiguous(
+                                   f.k_in.data(), 1, H, d),
+                               kvsift::kv_view<const float, nhd, typename E::memory_space>::contiguous(
+                                   f.v_in.data(), 1, H, d),
+                               12));
+  CHECK(f.dev.free_pages() == 0);
+  for (int h = 0; h < H; ++h) {
+    const auto seq = f.shape.sequence(2, 1, h);
+    CHECK(f.dev.length(seq) == 12);
+    CHECK(f.dev.row_extent(seq) == 12);
+  }
+  REQUIRE_NOTHROW(f.dev.check());
+}

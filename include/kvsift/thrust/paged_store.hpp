@@ -150,7 +150,7 @@ struct append_paged_fn {
 };
 
 // How a retain treats each KV head (paged_store::retain picks it from the counts).
-enum retain_mode : std::int32_t { compact_rows = 0, leave_hole = 1, unchanged = 2 };
+enum retain_mode : std::int32_t { retain_compacts = 0, retain_leaves_hole = 1, retain_unchanged = 2 };
 
 // Kept row t (slot kept[t] of head s) of a retain into packed[t], through the page table and the
 // row map; heads that do not compact skip.
@@ -165,7 +165,7 @@ struct gather_kept_fn {
     const std::int64_t t = e / src.dim;
     const int c = static_cast<int>(e % src.dim);
     const int s = segment_of(kept_offsets, src.num_segments, t);
-    if (modes[s] != compact_rows) return;
+    if (modes[s] != retain_compacts) return;
     packed[e] = src.row(s, kept[t])[c];
   }
 };
@@ -186,7 +186,7 @@ struct scatter_kept_fn {
     const std::int64_t t = e / dim;
     const int c = static_cast<int>(e % dim);
     const int s = segment_of(kept_offsets, heads, t);
-    if (modes[s] != compact_rows) return;
+    if (modes[s] != retain_compacts) return;
     const std::int64_t i = t - kept_offsets[s];
     const std::int64_t row =
         static_cast<std::int64_t>(table[s * stride + i / page_size]) * page_size + i % page_size;
@@ -195,16 +195,19 @@ struct scatter_kept_fn {
 };
 
 // The same two for per-slot metadata in a dense [heads, capacity] block (positions, a column).
+// Heads that release nothing skip (their kept list is every slot, in order).
 template <class U>
 struct gather_slots_fn {
   const U* src;
   std::int64_t capacity;
   int heads;
   const std::int32_t* kept_offsets;
+  const std::int32_t* modes;
   const std::int32_t* kept;
   U* packed;
   KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
     const int s = segment_of(kept_offsets, heads, t);
+    if (modes[s] == retain_unchanged) return;
     packed[t] = src[s * capacity + kept[t]];
   }
 };
@@ -214,44 +217,41 @@ struct scatter_slots_fn {
   std::int64_t capacity;
   int heads;
   const std::int32_t* kept_offsets;
+  const std::int32_t* modes;
   const U* packed;
   KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
     const int s = segment_of(kept_offsets, heads, t);
+    if (modes[s] == retain_unchanged) return;
     dst[s * capacity + (t - kept_offsets[s])] = packed[t];
   }
 };
 
-// A head that leaves a hole released exactly one slot e of its n; the hole is e's row. First the
-// last slot's row (e = n - 1: every kept slot is its own index), ...
-struct hole_at_end_fn {
-  const std::int32_t* row_map;  // [sequences, capacity], before the retain
-  const std::int32_t* lengths;  // before the retain
+// A head that leaves a hole released exactly one slot e of its n: its kept run (checked) is
+// 0, 1, ..., e - 1, e + 1, ..., n - 1, so e is the first i with kept[i] != i (n - 1 if none), a
+// binary search; the hole is e's row. One thread per head, so one writer even when a bad list
+// (flagged by check_kept_fn) breaks the pattern.
+struct hole_row_fn {
+  const std::int32_t* kept;  // checked
+  const std::int32_t* kept_offsets;
   const std::int32_t* modes;
+  const std::int32_t* row_map;  // [sequences, capacity], before the retain
   std::int32_t* holes;
   std::int64_t seq0;
   std::int64_t capacity;
   KVSIFT_HOST_DEVICE void operator()(int h) const {
-    const std::int64_t seq = seq0 + h;
-    if (modes[h] == leave_hole) holes[seq] = row_map[seq * capacity + lengths[seq] - 1];
-  }
-};
-// ... then, where e < n - 1, the one kept entry i with kept[i] = i + 1 after kept[i - 1] = i - 1.
-struct hole_inside_fn {
-  const std::int32_t* kept;  // checked
-  const std::int32_t* kept_offsets;
-  const std::int32_t* modes;
-  const std::int32_t* row_map;
-  std::int32_t* holes;
-  std::int64_t seq0;
-  std::int64_t capacity;
-  int heads;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
-    const int s = segment_of(kept_offsets, heads, t);
-    if (modes[s] != leave_hole) return;
-    const std::int32_t i = static_cast<std::int32_t>(t - kept_offsets[s]);
-    if (kept[t] != i && (i == 0 || kept[t - 1] == i - 1)) {
-      holes[seq0 + s] = row_map[(seq0 + s) * capacity + i];
+    if (modes[h] != retain_leaves_hole) return;
+    const std::int32_t* run = kept + kept_offsets[h];
+    int lo = 0;
+    int hi = kept_offsets[h + 1] - kept_offsets[h];
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (run[mid] == mid) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
     }
+    holes[seq0 + h] = row_map[(seq0 + h) * capacity + lo];
   }
 };
 // After a compacting head's rows moved: slot i is row i.
@@ -264,7 +264,7 @@ struct identity_rows_fn {
   int heads;
   KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
     const int s = segment_of(kept_offsets, heads, t);
-    if (modes[s] != compact_rows) return;
+    if (modes[s] != retain_compacts) return;
     const std::int64_t i = t - kept_offsets[s];
     row_map[(seq0 + s) * capacity + i] = static_cast<std::int32_t>(i);
   }
@@ -278,7 +278,7 @@ struct retain_lengths_fn {
   std::int64_t seq0;
   KVSIFT_HOST_DEVICE void operator()(int h) const {
     lengths[seq0 + h] = kept_offsets[h + 1] - kept_offsets[h];
-    if (modes[h] == compact_rows) holes[seq0 + h] = -1;
+    if (modes[h] == retain_compacts) holes[seq0 + h] = -1;
   }
 };
 // An append's new lengths; its first token filled any waiting hole.
@@ -476,11 +476,11 @@ class paged_store : public one_tier_shadow {
     bool moves = false, holes = false;
     for (int h = 0; h < H; ++h) {
       const std::int64_t seq = seq0 + h;
-      modes[h] = kept_counts[h] == length_[seq]                       ? detail::unchanged
-                 : kept_counts[h] == length_[seq] - 1 && !hole_[seq] ? detail::leave_hole
-                                                                      : detail::compact_rows;
-      moves = moves || modes[h] == detail::compact_rows;
-      holes = holes || modes[h] == detail::leave_hole;
+      modes[h] = kept_counts[h] == length_[seq]                       ? detail::retain_unchanged
+                 : kept_counts[h] == length_[seq] - 1 && !hole_[seq] ? detail::retain_leaves_hole
+                                                                      : detail::retain_compacts;
+      moves = moves || modes[h] == detail::retain_compacts;
+      holes = holes || modes[h] == detail::retain_leaves_hole;
     }
     copy_to_device(exec_, std::span<const std::int32_t>(host_offsets_), kept_offsets_);
     const std::int32_t* dev_modes = kept_offsets_.data() + H + 1;
@@ -493,11 +493,8 @@ class paged_store : public one_tier_shadow {
     }
     if (holes) {  // the released rows, before the row map compacts
       ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), H,
-                           detail::hole_at_end_fn{row_map_.data(), lengths_.data(), dev_modes,
-                                                  holes_.data(), seq0, capacity_});
-      ::thrust::for_each_n(policy, zero, num_kept,
-                           detail::hole_inside_fn{kept_.data(), kept_offsets_.data(), dev_modes,
-                                                  row_map_.data(), holes_.data(), seq0, capacity_, H});
+                           detail::hole_row_fn{kept_.data(), kept_offsets_.data(), dev_modes,
+                                               row_map_.data(), holes_.data(), seq0, capacity_});
     }
     if (num_kept > 0) {
       if (moves) {
@@ -533,10 +530,10 @@ class paged_store : public one_tier_shadow {
     for (int h = 0; h < H; ++h) {
       const std::int64_t seq = seq0 + h;
       const int before = pages_of(row_extent(seq));
-      if (modes[h] == detail::leave_hole) {
+      if (modes[h] == detail::retain_leaves_hole) {
         hole_[seq] = 1;
         ordered_[seq] = 0;
-      } else if (modes[h] == detail::compact_rows) {
+      } else if (modes[h] == detail::retain_compacts) {
         hole_[seq] = 0;
         ordered_[seq] = 1;
       }
@@ -652,9 +649,10 @@ class paged_store : public one_tier_shadow {
     static_assert(sizeof(U) == sizeof(std::int32_t));
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), num_kept,
                          detail::gather_slots_fn<U>{block, capacity_, H, kept_offsets_.data(),
-                                                    kept_.data(), packed});
+                                                    kept_offsets_.data() + H + 1, kept_.data(), packed});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), num_kept,
-                         detail::scatter_slots_fn<U>{block, capacity_, H, kept_offsets_.data(), packed});
+                         detail::scatter_slots_fn<U>{block, capacity_, H, kept_offsets_.data(),
+                                                     kept_offsets_.data() + H + 1, packed});
   }
 
   E exec_;
