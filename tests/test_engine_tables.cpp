@@ -10,6 +10,8 @@
 #include <kvsift/store/flashinfer.hpp>
 #include <kvsift/store/paged.hpp>
 
+#include "engine_rows.hpp"
+
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
@@ -55,28 +57,7 @@ void attend_rows(const kvsift::store::paged<T>& st, const float* q, int G,
   }
 }
 
-// The rows a block-table kernel reads for entry s: blocks 0 .. ceil(seq_len / bs) - 1 of its row.
-std::vector<std::int64_t> rows_of(const kvsift::block_table& b, int s, bool stop_at_minus_one) {
-  std::vector<std::int64_t> rows;
-  const int n = b.seq_lens[static_cast<std::size_t>(s)];
-  for (int i = 0; i * b.block_size < n; ++i) {
-    const std::int32_t block = b.row(s)[i];
-    if (stop_at_minus_one && block == -1) break;
-    for (int o = 0; o < b.block_size && i * b.block_size + o < n; ++o) {
-      rows.push_back(static_cast<std::int64_t>(block) * b.block_size + o);
-    }
-  }
-  return rows;
-}
-
-// The rows a masked kernel reads for entry s: those below n_kv_max whose mask is 0.
-std::vector<std::int64_t> rows_of(const kvsift::kv_mask& m, int s) {
-  std::vector<std::int64_t> rows;
-  for (std::int64_t r = 0; r < m.n_kv_max; ++r) {
-    if (m.mask[static_cast<std::size_t>(s * m.n_kv + r)] == 0.0f) rows.push_back(r);
-  }
-  return rows;
-}
+using kvsift_test::rows_of;
 
 std::vector<std::int32_t> subset(std::mt19937& rng, int n, double keep) {
   std::bernoulli_distribution take(keep);

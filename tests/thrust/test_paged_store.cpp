@@ -24,6 +24,8 @@
 
 #include <thrust/device_vector.h>
 
+#include "../engine_rows.hpp"
+
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 
@@ -363,37 +365,7 @@ std::vector<double> attend(const std::vector<float>& q, const std::vector<std::p
   return out;
 }
 
-// The pool rows a FlashInfer table names for entry s.
-std::vector<std::int64_t> rows_of(const kvsift::flashinfer_table& t, int s) {
-  std::vector<std::int64_t> rows;
-  for (int i = t.indptr[s]; i < t.indptr[s + 1]; ++i) {
-    const int n = i + 1 == t.indptr[s + 1] ? t.last_page_len[static_cast<std::size_t>(s)] : t.page_size;
-    for (int o = 0; o < n; ++o) rows.push_back(static_cast<std::int64_t>(t.indices[i]) * t.page_size + o);
-  }
-  return rows;
-}
-// ... a block-table kernel reads for entry s (blocks 0 .. ceil(seq_len / bs) - 1 of its row; a
-// padded list ends at its first -1 too) ...
-std::vector<std::int64_t> rows_of(const kvsift::block_table& b, int s, bool stop_at_minus_one) {
-  std::vector<std::int64_t> rows;
-  const int n = b.seq_lens[static_cast<std::size_t>(s)];
-  for (int i = 0; i * b.block_size < n; ++i) {
-    const std::int32_t block = b.row(s)[i];
-    if (stop_at_minus_one && block == -1) break;
-    for (int o = 0; o < b.block_size && i * b.block_size + o < n; ++o) {
-      rows.push_back(static_cast<std::int64_t>(block) * b.block_size + o);
-    }
-  }
-  return rows;
-}
-// ... and a masked kernel (rows below n_kv_max whose mask is 0).
-std::vector<std::int64_t> rows_of(const kvsift::kv_mask& m, int s) {
-  std::vector<std::int64_t> rows;
-  for (std::int64_t r = 0; r < m.n_kv_max; ++r) {
-    if (m.mask[static_cast<std::size_t>(s * m.n_kv + r)] == 0.0f) rows.push_back(r);
-  }
-  return rows;
-}
+using kvsift_test::rows_of;
 
 }  // namespace
 

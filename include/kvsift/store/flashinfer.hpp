@@ -153,6 +153,18 @@ inline void check_plan_shape(const head_pages& hp, const index_sets& plan, std::
           [&] { return "offsets[0] = 0 and offsets.back() = values.size() (" + std::to_string(plan.values.size()) + ")"; });
 }
 
+// A page-list batch's arguments: every request below num_requests, the layer below layers.
+inline void check_batch_layer(std::string_view where, std::span<const int> requests, int num_requests,
+                              int layer, int layers) {
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    require(requests[i] >= 0 && requests[i] < num_requests, where,
+            [i] { return "requests[" + std::to_string(i) + "]"; }, requests[i],
+            [&] { return "in [0, " + std::to_string(num_requests) + ")"; });
+  }
+  require(layer >= 0 && layer < layers, where, "layer", layer,
+          [&] { return "in [0, " + std::to_string(layers) + ")"; });
+}
+
 }  // namespace detail
 
 // Page lists of (requests[i], layer, h) for every i and KV head h, in that order.
@@ -161,13 +173,7 @@ template <Element T, HostAccessible Space>
                                     std::span<const int> requests) {
   constexpr std::string_view where = "flashinfer.page_lists";
   const auto& sh = store.shape();
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    require(requests[i] >= 0 && requests[i] < store.requests(), where,
-            [i] { return "requests[" + std::to_string(i) + "]"; }, requests[i],
-            [&] { return "in [0, " + std::to_string(store.requests()) + ")"; });
-  }
-  require(layer >= 0 && layer < sh.layers, where, "layer", layer,
-          [&] { return "in [0, " + std::to_string(sh.layers) + ")"; });
+  detail::check_batch_layer(where, requests, store.requests(), layer, sh.layers);
   head_pages hp;
   hp.page_size = store.page_size();
   hp.pages.offsets.reserve(requests.size() * sh.kv_heads + 1);

@@ -137,13 +137,7 @@ template <class Vector, Element T, DeviceExec E>
                                                    std::span<const int> requests) {
   constexpr std::string_view where = "thrust::page_lists";
   const auto& sh = store.shape();
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    require(requests[i] >= 0 && requests[i] < store.requests(), where,
-            [i] { return "requests[" + std::to_string(i) + "]"; }, requests[i],
-            [&] { return "in [0, " + std::to_string(store.requests()) + ")"; });
-  }
-  require(layer >= 0 && layer < sh.layers, where, "layer", layer,
-          [&] { return "in [0, " + std::to_string(sh.layers) + ")"; });
+  kvsift::detail::check_batch_layer(where, requests, store.requests(), layer, sh.layers);
   require(store.sequences() <= std::numeric_limits<std::int32_t>::max(), where, "store.sequences()",
           store.sequences(), "<= 2^31 - 1 (page-table rows are int32 here)");
   const int P = store.page_size();
