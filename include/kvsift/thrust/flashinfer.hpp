@@ -95,9 +95,10 @@ template <class Vector>
 
 namespace detail {
 
-// Page id i of the batch's lists: entry s = segment_of(indptr, i), its (i - indptr[s])-th table
-// entry; table_row[s] is the entry's head-sequence (its row of the page table).
-struct pl_page_fn {
+// Entry i of the batch's lists, gathered from a per-head-sequence table ([sequences, stride]):
+// list s = segment_of(indptr, i) takes the (i - indptr[s])-th entry of its head-sequence's row
+// table_row[s]. The page ids come from the page table, each slot's row from the row map.
+struct pl_gather_fn {
   const std::int32_t* indptr;
   const std::int32_t* table_row;
   const std::int32_t* table;
@@ -106,18 +107,6 @@ struct pl_page_fn {
   KVSIFT_HOST_DEVICE std::int32_t operator()(std::int64_t i) const {
     const int s = segment_of(indptr, entries, i);
     return table[table_row[s] * stride + (i - indptr[s])];
-  }
-};
-// The same for the row of each slot, from the store's row map ([sequences, capacity]).
-struct pl_row_fn {
-  const std::int32_t* row_indptr;
-  const std::int32_t* table_row;
-  const std::int32_t* row_map;
-  std::int64_t capacity;
-  int entries;
-  KVSIFT_HOST_DEVICE std::int32_t operator()(std::int64_t i) const {
-    const int s = segment_of(row_indptr, entries, i);
-    return row_map[table_row[s] * capacity + (i - row_indptr[s])];
   }
 };
 
@@ -165,16 +154,16 @@ template <class Vector, Element T, DeviceExec E>
   const ::thrust::counting_iterator<std::int64_t> zero(0);
   const auto policy = store.exec().policy();
   ::thrust::transform(policy, zero, zero + indptr.back(), ::thrust::raw_pointer_cast(hp.pages.data()),
-                      detail::pl_page_fn{::thrust::raw_pointer_cast(hp.indptr.data()),
-                                         ::thrust::raw_pointer_cast(table_row.data()),
-                                         store.page_table(), store.table_stride(), entries});
+                      detail::pl_gather_fn{::thrust::raw_pointer_cast(hp.indptr.data()),
+                                           ::thrust::raw_pointer_cast(table_row.data()),
+                                           store.page_table(), store.table_stride(), entries});
   if (!in_order) {
     hp.row_indptr = Vector(row_indptr.begin(), row_indptr.end());
     hp.rows = Vector(row_indptr.back());
     ::thrust::transform(policy, zero, zero + row_indptr.back(), ::thrust::raw_pointer_cast(hp.rows.data()),
-                        detail::pl_row_fn{::thrust::raw_pointer_cast(hp.row_indptr.data()),
-                                          ::thrust::raw_pointer_cast(table_row.data()),
-                                          store.row_map(), store.capacity(), entries});
+                        detail::pl_gather_fn{::thrust::raw_pointer_cast(hp.row_indptr.data()),
+                                           ::thrust::raw_pointer_cast(table_row.data()),
+                                           store.row_map(), store.capacity(), entries});
   }
   return hp;
 }

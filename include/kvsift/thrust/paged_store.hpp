@@ -511,7 +511,9 @@ class paged_store : public one_tier_shadow {
         }
       }
       compact_slots(positions_.data() + seq0 * capacity_, num_kept);
-      compact_slots(row_map_.data() + seq0 * capacity_, num_kept);
+      // a compacting head's row map is rewritten below (slot i is row i): compacted only when
+      // some head keeps its rows in place
+      if (holes) compact_slots(row_map_.data() + seq0 * capacity_, num_kept);
       for (int j = 0; j < columns_; ++j) {
         compact_slots(column(j) + seq0 * capacity_, num_kept);
       }
