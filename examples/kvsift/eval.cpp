@@ -1314,7 +1314,7 @@ int eval(const std::vector<std::string>& args) {
         "                   [--budgets 0.25,0.5] [--match resident|budget] [--roles FILE]\n"
         "                   [--json] [--json-out FILE] [--plot FILE.svg] [--limit N]\n"
         "                   [--kernel library|engine] [--exec host|thrust-cpp|thrust-omp]\n"
-        "                   [--store dense|paged] [--page-size P] [--far recall|attend]\n"
+        "                   [--store dense|paged|tiered] [--page-size P] [--far recall|attend]\n"
         "                   [--verbose]\n"
         "  defaults: both shipped models, each on its shipped prompts (protocol v2: the answer's\n"
         "  separator space ends the prompt): data/tiny-recall on\n"
@@ -1342,7 +1342,8 @@ int eval(const std::vector<std::string>& args) {
         "  full cache's pages on the same prompts (full_pages). SyncKV, HeteroCache and FreeKV\n"
         "  run over their two-tier store (store::tiered) whatever --store says; the JSON names\n"
         "  each run's store. With --exec thrust-cpp|thrust-omp the paged store is in device\n"
-        "  memory (thrust::paged_store).\n"
+        "  memory (thrust::paged_store). --store tiered names that store for a call of\n"
+        "  two-tier methods only (a one-tier method in --methods is refused).\n"
         "  --far recall|attend: where SyncKV, HeteroCache and FreeKV read the host-pool rows a\n"
         "  step needs: recall copies them into the resident tier (default); attend leaves them\n"
         "  in the host pool and attends them there, merged by log-sum-exp (bytes_recalled 0;\n"
@@ -1401,9 +1402,17 @@ int eval(const std::vector<std::string>& args) {
   o.exec = option(args, "--exec", "host");
   (void)registry_on_exec(o.exec, std::make_shared<const method_registry<float>>());  // names checked first
   o.store = option(args, "--store", "dense");
-  require(o.store == "dense" || o.store == "paged", "kvsift eval", "--store", o.store,
-          "dense (one capacity per head-sequence) or paged (store::paged: pages freed on eviction); "
-          "the two-tier methods always run over their tiered store");
+  require(o.store == "dense" || o.store == "paged" || o.store == "tiered", "kvsift eval", "--store",
+          o.store,
+          "dense (one capacity per head-sequence), paged (store::paged: pages freed on eviction) "
+          "or tiered (the two-tier methods' store, which they run over whatever --store says)");
+  if (o.store == "tiered") {
+    for (const auto& m : o.methods) {
+      require(!detail::is_one_tier_method(m), "kvsift eval", "--store", "tiered",
+              "--methods of SyncKV, HeteroCache or FreeKV only (" + m +
+                  " is a one-tier method: --store dense or paged)");
+    }
+  }
   {
     const std::string ps = option(args, "--page-size", "16");
     int v = 0;

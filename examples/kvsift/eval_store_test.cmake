@@ -5,7 +5,8 @@
 # call and of each run (FreeKV: tiered, whatever --store says); each paged run reports, per prompt
 # and summed, the most pages held at once (peak_pages) and a full cache's pages (full_pages), with
 # full_kv and Quest holding exactly a full cache's pages, no method more, and the methods whose
-# round follows each layer's prefill (StreamingLLM, H2O, SnapKV, PyramidKV) fewer.
+# round follows each layer's prefill (StreamingLLM, H2O, SnapKV, PyramidKV) fewer. --store tiered
+# is refused with a one-tier method and names the store of a FreeKV call.
 # Run as: cmake -DKVSIFT=<kvsift binary> -DSRC=<source dir> -DWORK=<scratch dir> -P eval_store_test.cmake
 file(MAKE_DIRECTORY ${WORK})
 set(methods full_kv,streaming_llm,h2o,snapkv,pyramidkv,quest,lagkv,dynamickv,freekv)
@@ -35,6 +36,27 @@ if(rc EQUAL 0 OR NOT err MATCHES "--store")
   message(FATAL_ERROR "--store ring: expected an error naming --store, got (${rc}) ${err}")
 endif()
 
+# --store tiered names the two-tier methods' store: refused with a one-tier method among
+# --methods, naming the option and the method; FreeKV over it answers as in the dense call
+execute_process(COMMAND ${KVSIFT} eval --model ${SRC}/data/tiny-recall --limit 1 --store tiered
+                        --methods freekv,h2o
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--store" OR NOT err MATCHES "h2o is a one-tier method")
+  message(FATAL_ERROR "--store tiered with h2o: expected an error naming --store and h2o, got (${rc}) ${err}")
+endif()
+execute_process(COMMAND ${KVSIFT} eval --model ${SRC}/data/tiny-recall --limit 1 --methods freekv
+                        --budgets 0.25 --match budget --store tiered --json-out ${WORK}/tiered.json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "kvsift eval --store tiered failed (${rc}):\n${out}\n${err}")
+endif()
+file(READ ${WORK}/tiered.json json_tiered)
+string(JSON named GET "${json_tiered}" store)
+string(JSON run_store GET "${json_tiered}" runs 0 store)
+if(NOT named STREQUAL "tiered" OR NOT run_store STREQUAL "tiered")
+  message(FATAL_ERROR "--store tiered: the JSON names store '${named}', its run '${run_store}'")
+endif()
+
 set(d "${json_dense}")
 set(p "${json_paged}")
 string(JSON runs LENGTH "${d}" runs)
@@ -44,6 +66,15 @@ foreach(i RANGE ${last})
   string(JSON sd GET "${d}" runs ${i} store)
   string(JSON sp GET "${p}" runs ${i} store)
   if(method STREQUAL "freekv")
+    string(JSON items LENGTH "${json_tiered}" runs 0 items)
+    math(EXPR last_item "${items} - 1")
+    foreach(k RANGE ${last_item})
+      string(JSON a GET "${d}" runs ${i} items ${k} output)
+      string(JSON t GET "${json_tiered}" runs 0 items ${k} output)
+      if(NOT a STREQUAL t)
+        message(FATAL_ERROR "freekv item ${k}: output '${a}' with --store dense, '${t}' with tiered")
+      endif()
+    endforeach()
     set(expect_d tiered)
     set(expect_p tiered)
   else()
