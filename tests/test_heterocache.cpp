@@ -610,3 +610,27 @@ TEST_CASE("heterocache: the documented example", "[heterocache]") {
   const auto b = m.budget(n);
   CHECK(store.resident_tokens() == (n + 10) + (b.cap[1] + 10) + (b.cap[2] + 10) + (b.cap[3] + 10));
 }
+
+// The roles' shape half, read by the host's drift checks and the device state alike: monitored
+// pivots (with satellites) ascending, then the other pivots; satellites by pivot, then by head.
+TEST_CASE("heterocache: roles::stars::layout orders pivots and satellites", "[heterocache][roles]") {
+  kvsift::roles::stars::params p;
+  // h0 pivot without satellites, h1 satellite of 4, h2 pivot of 5, h3 anchor, h4 pivot of 1,
+  // h5 satellite of 2; layer 1: pivot 0 alone, the rest anchors and volatile heads
+  p.layers = {{{role::pivot, role::satellite, role::pivot, role::anchor, role::pivot, role::satellite},
+               {0, 4, 2, -1, 4, 2}, std::vector<float>(6, 0.5f)},
+              {{role::pivot, role::anchor, role::volatile_head, role::anchor, role::anchor, role::anchor},
+               {0, -1, -1, -1, -1, -1}, std::vector<float>(6, 0.5f)}};
+  const kvsift::roles::stars r(p);
+  const auto l0 = r.layout(0);
+  CHECK(l0.pivots == std::vector<int>{2, 4, 0});
+  CHECK(l0.monitored == 2);
+  CHECK(l0.satellites == std::vector<int>{5, 1});
+  CHECK(l0.satellite_pivot == std::vector<int>{0, 1});
+  CHECK(r.refreshes(0));
+  const auto l1 = r.layout(1);
+  CHECK(l1.pivots == std::vector<int>{0});
+  CHECK(l1.monitored == 0);
+  CHECK(l1.satellites.empty());
+  CHECK_FALSE(r.refreshes(1));
+}

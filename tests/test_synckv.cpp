@@ -458,3 +458,20 @@ TEST_CASE("synckv: the documented example", "[synckv]") {
   CHECK(m.stats().refreshes == 2);
   CHECK(store.resident_tokens() == 2 * (n + 10) + 2 * (24 + 10));
 }
+
+// The roles' shape half, read by the host's anticipation and the device state alike: one segment
+// per cluster with followers, in cluster order; each follower (ascending) with its segment.
+TEST_CASE("synckv: roles::clusters::segments", "[synckv][roles]") {
+  // cluster 0 {0, 4} led by 4; cluster 1 {1} alone; cluster 2 {2, 3, 5} led by 5
+  const kvsift::roles::clusters r{{.layers = {{{0, 1, 2, 2, 0, 2}, {4, 1, 5}}, {{0, 1}, {0, 1}}}}};
+  const auto s = r.segments(0);
+  CHECK(s.clusters == std::vector<int>{0, 2});
+  CHECK(s.representatives == std::vector<int>{4, 5});
+  CHECK(s.followers == std::vector<int>{0, 2, 3});
+  CHECK(s.segment == std::vector<int>{0, 1, 1});
+  CHECK(r.refreshes(0));
+  const auto all_reps = r.segments(1);  // every head its own representative: nothing to refresh
+  CHECK(all_reps.clusters.empty());
+  CHECK(all_reps.followers.empty());
+  CHECK_FALSE(r.refreshes(1));
+}

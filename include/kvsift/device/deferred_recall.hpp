@@ -260,25 +260,17 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         step_(m.store()) {
     detail::require_far_recall(Recipe::name, m.parameters());
     // per layer: the representatives with followers (one segment each, cluster order) and each
-    // follower's segment; uploaded once
-    const auto& roles = m.parts().roles.p.layers;
+    // follower's segment (roles::clusters::segments); uploaded once
     std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_) * H_, 0), cseg(heads.size(), 0);
     reps_.assign(static_cast<std::size_t>(layers_), {});
     followers_.assign(static_cast<std::size_t>(layers_), {});
     for (int l = 0; l < layers_; ++l) {
-      const auto& r = roles[l];
-      std::vector<int> seg_of(static_cast<std::size_t>(r.clusters()), -1);
-      for (int c = 0; c < r.clusters(); ++c) {
-        if (r.followers(c) == 0) continue;
-        seg_of[c] = static_cast<int>(reps_[l].size());
-        heads[static_cast<std::size_t>(l) * H_ + reps_[l].size()] = r.representatives[c];
-        reps_[l].push_back(r.representatives[c]);
-      }
-      for (int h = 0; h < H_; ++h) {
-        if (r.is_representative(h)) continue;
-        cseg[static_cast<std::size_t>(l) * H_ + followers_[l].size()] = seg_of[r.assign[h]];
-        followers_[l].push_back(h);
-      }
+      auto lay = m.parts().roles.segments(l);
+      const auto at = static_cast<std::ptrdiff_t>(l) * H_;
+      std::copy(lay.representatives.begin(), lay.representatives.end(), heads.begin() + at);
+      std::copy(lay.segment.begin(), lay.segment.end(), cseg.begin() + at);
+      reps_[l] = std::move(lay.representatives);
+      followers_[l] = std::move(lay.followers);
     }
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(heads), heads_d_);
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(cseg), cseg_d_);

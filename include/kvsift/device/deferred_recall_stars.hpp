@@ -257,7 +257,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         W_(m.parts().trigger.p.window),
         slots_(static_cast<std::size_t>(m.store().requests()) * layers_),
         layer_budgets_(static_cast<std::size_t>(layers_), -1),
-        info_(layout(m.parts().roles.p.layers, H_)),
+        info_(layout(m.parts().roles, m.store().shape().layers)),
         pmax_(max_of(info_, [](const layer_info& l) { return static_cast<int>(l.pivots.size()); })),
         fmax_(max_of(info_,
                      [](const layer_info& l) { return static_cast<int>(l.satellites.size()); })),
@@ -491,40 +491,11 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   void release(M&) {}
 
  private:
-  // The roles of one layer as the device state uses them (host, from params::roles).
-  struct layer_info {
-    std::vector<int> pivots;  // the monitored pivots (with satellites) first, then the others
-    int monitored = 0;
-    std::vector<int> satellites;       // the monitored pivots' satellites, by pivot then head
-    std::vector<int> satellite_pivot;  // index in `pivots` of each satellite's pivot
-    std::vector<unsigned char> full;   // [H] keeps its whole KV (volatile, pivot)
-  };
-  static std::vector<layer_info> layout(const std::vector<roles::stars::layer_roles>& layers,
-                                        int H) {
-    std::vector<layer_info> out(layers.size());
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      const auto& r = layers[l];
-      auto& li = out[l];
-      std::vector<int> others;
-      for (int h = 0; h < H; ++h) {
-        li.full.push_back(budget::full_kv(r.roles[h]) ? 1 : 0);
-        if (r.roles[h] != role::pivot) continue;
-        bool sats = false;
-        for (int x = 0; x < H; ++x) {
-          sats = sats || (r.roles[x] == role::satellite && r.leader[x] == h);
-        }
-        (sats ? li.pivots : others).push_back(h);
-      }
-      li.monitored = static_cast<int>(li.pivots.size());
-      for (int p = 0; p < li.monitored; ++p) {
-        for (int x = 0; x < H; ++x) {
-          if (r.roles[x] != role::satellite || r.leader[x] != li.pivots[p]) continue;
-          li.satellites.push_back(x);
-          li.satellite_pivot.push_back(p);
-        }
-      }
-      li.pivots.insert(li.pivots.end(), others.begin(), others.end());
-    }
+  // Each layer's monitored pivots and satellites: the roles' shape half (roles::stars::layout).
+  using layer_info = roles::stars::layer_layout;
+  static std::vector<layer_info> layout(const roles::stars& r, int layers) {
+    std::vector<layer_info> out;
+    for (int l = 0; l < layers; ++l) out.push_back(r.layout(l));
     return out;
   }
   template <class F>
@@ -624,7 +595,8 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     counts_.clear();
     int at = 0;
     for (int h = 0; h < H_; ++h) {
-      const int k = li.full[h] != 0 ? n : std::min(n, s.roles.cap[h]);
+      const bool full = budget::full_kv(m.parts().roles.p.layers[layer].roles[h]);
+      const int k = full ? n : std::min(n, s.roles.cap[h]);
       desc_host_.insert(desc_host_.end(), {h, k, at, -1});
       counts_.push_back(k);
       at += k;

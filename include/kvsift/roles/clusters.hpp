@@ -132,28 +132,48 @@ struct clusters {
     }
   }
 
-  void begin_step(slot_state& s) const { s.anticipated = false; }
-  [[nodiscard]] bool refreshes(int layer) const {
-    const auto& roles = p.layers[layer];
-    for (int c = 0; c < roles.clusters(); ++c) {
-      if (roles.followers(c) > 0) return true;
+  // The shape of a layer's anticipation, derived here once for every exec: one segment per
+  // cluster with followers (in cluster order: its cluster and representative), and the layer's
+  // followers (ascending) with the segment of each one's cluster.
+  struct layer_segments {
+    std::vector<int> clusters, representatives;  // [segments]
+    std::vector<int> followers, segment;         // [followers]
+  };
+  [[nodiscard]] layer_segments segments(int layer) const {
+    const auto& r = p.layers[layer];
+    layer_segments out;
+    std::vector<int> seg_of(static_cast<std::size_t>(r.clusters()), -1);
+    for (int c = 0; c < r.clusters(); ++c) {
+      if (r.followers(c) == 0) continue;
+      seg_of[c] = static_cast<int>(out.clusters.size());
+      out.clusters.push_back(c);
+      out.representatives.push_back(r.representatives[c]);
     }
-    return false;
+    for (int h = 0; h < r.kv_heads(); ++h) {
+      if (r.is_representative(h)) continue;
+      out.followers.push_back(h);
+      out.segment.push_back(seg_of[r.assign[h]]);
+    }
+    return out;
   }
+
+  void begin_step(slot_state& s) const { s.anticipated = false; }
+  [[nodiscard]] bool refreshes(int layer) const { return !segments(layer).clusters.empty(); }
   // An anticipation of every firing request: emit(i, proposal) per request, in order.
   template <class Store, class Trigger, class Emit>
   void refresh(const Store& st, const Trigger&, const refresh_input& in,
                std::span<slot_state* const> states, Emit&& emit) const {
     const auto& sh = st.shape();
-    const auto& roles = p.layers[in.layer];
+    const auto lay = segments(in.layer);
+    const auto S = lay.clusters.size();
     score_sets rep_scores;  // per firing request: one segment per cluster with followers
     index_sets rep_static;
     std::vector<int> limits, k_dyn;
     for (std::size_t i = 0; i < in.requests.size(); ++i) {
       const auto& s = *states[i];
-      for (int c = 0; c < roles.clusters(); ++c) {
-        if (roles.followers(c) == 0) continue;
-        const int rep = roles.representatives[c];
+      for (std::size_t g = 0; g < S; ++g) {
+        const int c = lay.clusters[g];
+        const int rep = lay.representatives[g];
         const auto seq = sh.sequence(in.requests[i], in.layer, rep);
         rep_scores.push_back((*in.scores)[static_cast<int>(i) * sh.kv_heads + rep]);
         std::vector<std::int32_t> slots;
@@ -170,18 +190,18 @@ struct clusters {
       const int r = in.requests[i];
       const auto& s = *states[i];
       proposal<decision> out;
-      for (int c = 0; c < roles.clusters(); ++c) {
-        if (roles.followers(c) == 0) continue;
-        const auto rep_seq = sh.sequence(r, in.layer, roles.representatives[c]);
+      for (std::size_t g = 0; g < S; ++g) {
+        const int c = lay.clusters[g];
+        const auto rep_seq = sh.sequence(r, in.layer, lay.representatives[g]);
         auto& dyn = out.decision.emplace_back(c, std::vector<std::int32_t>{}).second;
         for (const auto slot : rep_dynamic[seg]) dyn.push_back(st.position(rep_seq, slot));
         ++seg;
         std::vector<std::int32_t> part;
         std::set_union(s.static_pos[c].begin(), s.static_pos[c].end(), dyn.begin(), dyn.end(),
                        std::back_inserter(part));
-        for (int h = 0; h < sh.kv_heads; ++h) {
-          if (roles.assign[h] != c || roles.is_representative(h)) continue;
-          out.parts.emplace_back(sh.sequence(r, in.layer, h), part);
+        for (std::size_t f = 0; f < lay.followers.size(); ++f) {
+          if (lay.segment[f] != static_cast<int>(g)) continue;
+          out.parts.emplace_back(sh.sequence(r, in.layer, lay.followers[f]), part);
         }
       }
       emit(i, std::move(out));

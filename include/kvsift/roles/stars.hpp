@@ -158,6 +158,38 @@ struct stars {
   }
   void start(slot_state&, int) const {}
 
+  // The shape of a layer's drift checks, derived here once for every exec: the pivots with
+  // satellites (the monitored ones, ascending) and then the other pivots; the monitored pivots'
+  // satellites, by pivot then head, with the index in `pivots` of each one's pivot.
+  struct layer_layout {
+    std::vector<int> pivots;
+    int monitored = 0;
+    std::vector<int> satellites;
+    std::vector<int> satellite_pivot;
+  };
+  [[nodiscard]] layer_layout layout(int layer) const {
+    const auto& r = p.layers[layer];
+    const int H = static_cast<int>(r.roles.size());
+    layer_layout out;
+    std::vector<int> others;
+    for (int h = 0; h < H; ++h) {
+      if (r.roles[h] != role::pivot) continue;
+      bool sats = false;
+      for (int x = 0; x < H; ++x) sats = sats || (r.roles[x] == role::satellite && r.leader[x] == h);
+      (sats ? out.pivots : others).push_back(h);
+    }
+    out.monitored = static_cast<int>(out.pivots.size());
+    for (int i = 0; i < out.monitored; ++i) {
+      for (int x = 0; x < H; ++x) {
+        if (r.roles[x] != role::satellite || r.leader[x] != out.pivots[i]) continue;
+        out.satellites.push_back(x);
+        out.satellite_pivot.push_back(i);
+      }
+    }
+    out.pivots.insert(out.pivots.end(), others.begin(), others.end());
+    return out;
+  }
+
   // Full-KV heads (pivots, anchors) keep the whole prompt; the others keep the top cap_h of their
   // own scores through the recipe's selector (select::topk: no protected tokens, ties to the
   // lower index). A pivot records its reference set: its top `base` positions.
@@ -219,19 +251,13 @@ struct stars {
     std::fill(s.median.begin(), s.median.end(), -1.0);
     std::fill(s.drift.begin(), s.drift.end(), 0);
   }
-  [[nodiscard]] bool refreshes(int layer) const {
-    const auto& roles = p.layers[layer];
-    for (std::size_t h = 0; h < roles.roles.size(); ++h) {
-      if (!satellites_of(roles, static_cast<int>(h)).empty()) return true;
-    }
-    return false;
-  }
+  [[nodiscard]] bool refreshes(int layer) const { return layout(layer).monitored > 0; }
   // One drift check per firing request (each pivot with satellites): emit(i, proposal).
   template <class Store, class Trigger, class Emit>
   void refresh(const Store& st, const Trigger& trig, const refresh_input& in,
                std::span<slot_state* const> states, Emit&& emit) const {
     const auto& sh = st.shape();
-    const auto& roles = p.layers[in.layer];
+    const auto lay = layout(in.layer);
     const trigger::drift_probe probe{trig};
     for (std::size_t i = 0; i < in.requests.size(); ++i) {
       const int r = in.requests[i];
@@ -241,9 +267,8 @@ struct stars {
       proposal<decision> out;
       std::vector<float> scores;
       std::vector<std::vector<std::int32_t>> sets;
-      for (int h = 0; h < sh.kv_heads; ++h) {
-        const auto sats = satellites_of(roles, h);
-        if (sats.empty()) continue;
+      for (int pv = 0; pv < lay.monitored; ++pv) {
+        const int h = lay.pivots[pv];
         const auto seq = sh.sequence(r, in.layer, h);
         sets.clear();
         for (int w = 0; w < window.tokens; ++w) {
@@ -257,7 +282,10 @@ struct stars {
         s.drift[h] = 1;
         ++out.refreshes;
         out.decision.emplace_back(h, std::move(sets.back()));
-        for (const int x : sats) {  // `scores` holds q_t's (the newest query's) pivot scores
+        for (std::size_t j = 0; j < lay.satellites.size(); ++j) {
+          // `scores` holds q_t's (the newest query's) pivot scores
+          if (lay.satellite_pivot[j] != pv) continue;
+          const int x = lay.satellites[j];
           out.parts.emplace_back(sh.sequence(r, in.layer, x),
                                  top_positions(st, seq, scores, std::min(n, s.cap[x])));
         }
@@ -271,14 +299,6 @@ struct stars {
   }
 
  private:
-  static std::vector<int> satellites_of(const layer_roles& roles, int h) {
-    std::vector<int> sats;
-    if (roles.roles[h] != role::pivot) return sats;
-    for (std::size_t x = 0; x < roles.roles.size(); ++x) {
-      if (roles.roles[x] == role::satellite && roles.leader[x] == h) sats.push_back(static_cast<int>(x));
-    }
-    return sats;
-  }
   // One query of the pivot's group over the prefill keys of a full (pivot) head: per query head
   // the softmax over the n prompt tokens, avg-pooled, then the max over the group.
   template <class Store>
