@@ -158,7 +158,14 @@ struct clusters {
   }
 
   void begin_step(slot_state& s) const { s.anticipated = false; }
-  [[nodiscard]] bool refreshes(int layer) const { return !segments(layer).clusters.empty(); }
+  // segments(layer) has a segment (checked every decode step: allocates nothing)
+  [[nodiscard]] bool refreshes(int layer) const {
+    const auto& r = p.layers[layer];
+    for (int c = 0; c < r.clusters(); ++c) {
+      if (r.followers(c) > 0) return true;
+    }
+    return false;
+  }
   // An anticipation of every firing request: emit(i, proposal) per request, in order.
   template <class Store, class Trigger, class Emit>
   void refresh(const Store& st, const Trigger&, const refresh_input& in,

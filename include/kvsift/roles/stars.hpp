@@ -251,7 +251,12 @@ struct stars {
     std::fill(s.median.begin(), s.median.end(), -1.0);
     std::fill(s.drift.begin(), s.drift.end(), 0);
   }
-  [[nodiscard]] bool refreshes(int layer) const { return layout(layer).monitored > 0; }
+  // layout(layer) has a monitored pivot: a satellite's leader is a pivot (check()), so any
+  // satellite (checked every decode step: allocates nothing)
+  [[nodiscard]] bool refreshes(int layer) const {
+    const auto& r = p.layers[layer].roles;
+    return std::find(r.begin(), r.end(), role::satellite) != r.end();
+  }
   // One drift check per firing request (each pivot with satellites): emit(i, proposal).
   template <class Store, class Trigger, class Emit>
   void refresh(const Store& st, const Trigger& trig, const refresh_input& in,
