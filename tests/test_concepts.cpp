@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -224,4 +226,39 @@ TEST_CASE("look-alikes without the opt-in tag, or with the wrong role, do not mo
   STATIC_REQUIRE_FALSE(Element<std::uint16_t>);
   STATIC_REQUIRE_FALSE(HostAccessible<device_space>);
   STATIC_REQUIRE_FALSE(MemorySpace<int>);
+}
+
+namespace {
+// A look-alike of the two-tier store's transfer without cancel(): a schedule could not drop a
+// request's recall on reset, so it does not model RecallTransfer.
+struct recall_without_cancel {
+  using kvsift_role = kvsift::transfer_tag;
+  using ticket = std::uint64_t;
+  using request_type = kvsift::transfer::recall_request;
+  [[nodiscard]] std::int64_t bytes_moved() const { return 0; }
+  void wait() {}
+  ticket submit(const kvsift::store::tiered<float>&, std::vector<request_type>) { return 1; }
+  [[nodiscard]] bool ready(ticket) const { return true; }
+  const kvsift::store::landing<float>& wait(ticket) { return landing_; }
+  void release(ticket) {}
+  [[nodiscard]] kvsift::transfer::transfer_stats stats() const { return {}; }
+  kvsift::store::landing<float> landing_;
+};
+}  // namespace
+
+TEST_CASE("the two-tier store names its Transfer slot, which the two-tier methods hold", "[concepts]") {
+  using namespace kvsift;
+  using tiered_f = store::tiered<float>;
+  STATIC_REQUIRE(RecallTransfer<tiered_f::transfer_type, tiered_f>);
+  STATIC_REQUIRE(RecallTransfer<store::tiered<bfloat16>::transfer_type, store::tiered<bfloat16>>);
+  STATIC_REQUIRE_FALSE(RecallTransfer<transfer::sync_copy, tiered_f>);  // copies, recalls nothing
+  STATIC_REQUIRE(Transfer<recall_without_cancel>);
+  STATIC_REQUIRE_FALSE(RecallTransfer<recall_without_cancel, tiered_f>);
+  // every two-tier method holds the store's transfer, whatever its schedule
+  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(std::declval<synckv<float>&>().transfer_state())>,
+                                tiered_f::transfer_type>);
+  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(std::declval<heterocache<float>&>().transfer_state())>,
+                                tiered_f::transfer_type>);
+  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(std::declval<freekv<float>&>().transfer_state())>,
+                                tiered_f::transfer_type>);
 }

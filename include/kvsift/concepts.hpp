@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace kvsift {
@@ -261,6 +262,26 @@ concept Transfer = detail::opts_in<T, transfer_tag> && requires(T& t, const T& c
   { ct.bytes_moved() } -> std::convertible_to<std::int64_t>;
   t.wait();
 };
+
+// RecallTransfer: a Transfer that recalls rows of a two-tier Store's host pool asynchronously,
+// what a two-tier store names as its `transfer_type` and the two-tier schedules submit through.
+// A type X models RecallTransfer<X, Store> if, besides Transfer:
+//  1. `submit(store, what)` (what: a vector of X::request_type) queues one recall and returns its
+//     `X::ticket` at once, or throws kvsift::error with nothing queued;
+//  2. `ready(t)` says whether the recall completed; `wait(t)` returns its landing (blocking, and
+//     counting a stall, if it has not); `release(t)` frees the landing; `cancel(t)` drops it;
+//  3. `stats()` counts recalls issued, completed and cancelled, bytes moved and stalls.
+template <class X, class Store>
+concept RecallTransfer =
+    Transfer<X> && requires(X& x, const X& cx, const Store& st,
+                            std::vector<typename X::request_type> what, typename X::ticket t) {
+      { x.submit(st, std::move(what)) } -> std::same_as<typename X::ticket>;
+      { cx.ready(t) } -> std::convertible_to<bool>;
+      x.wait(t);
+      x.release(t);
+      x.cancel(t);
+      cx.stats();
+    };
 
 // Trigger: when a selection is refreshed.
 // A type T models Trigger if:

@@ -116,25 +116,26 @@ std::vector<U> peek(const U* p, std::int64_t n) {
 // (a last page part-full) whose pool holds a full cache's pages, with the side column H2O needs.
 constexpr int page = 5;
 template <class DS, class E>
-std::unique_ptr<DS> make_device_store(const E& e) {
+std::unique_ptr<DS> make_device_store(const E& e, const model_shape& sh) {
   if constexpr (std::is_same_v<DS, kvsift::thrust::dense_store<typename DS::element_type, E>>) {
-    return std::make_unique<DS>(e, shape, requests, capacity, /*columns=*/1);
+    return std::make_unique<DS>(e, sh, requests, capacity, /*columns=*/1);
   } else {
-    const int pool = requests * shape.layers * shape.kv_heads * ((capacity + page - 1) / page);
-    return std::make_unique<DS>(e, shape, requests, capacity, page, pool, /*columns=*/1);
+    const int pool = requests * sh.layers * sh.kv_heads * ((capacity + page - 1) / page);
+    return std::make_unique<DS>(e, sh, requests, capacity, page, pool, /*columns=*/1);
   }
 }
 
 // `e` runs the method (its arena is the one counted); `engine` holds what the engine hands over
 // (the prompts and the step's tokens), in E's memory space but allocated apart, as an engine's
-// activations are its own.
+// activations are its own. A prompt comes in 1-3 chunks, handed over one call each or all in one
+// prefill call.
 template <class T, class E, class HostM, class DevM, class Params>
 void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& params,
-              std::uint32_t seed, const std::string& name) {
-  INFO(name << " seed " << seed);
+              std::uint32_t seed, const std::string& name, const model_shape& shape) {
+  INFO(name << " seed " << seed << " q_heads " << shape.q_heads << " kv_heads " << shape.kv_heads);
   std::mt19937 rng(seed);
   kvsift::store::dense<T> hs(shape, requests, capacity);
-  const auto dsp = make_device_store<typename DevM::store_type>(e);
+  const auto dsp = make_device_store<typename DevM::store_type>(e, shape);
   auto& ds = *dsp;
   HostM hm(hs, params);
   DevM dm(ds, params);
@@ -142,7 +143,8 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
   using space = typename E::memory_space;
   using dchunk = typename DevM::chunk_type;
 
-  // A prompt for request r: `n` tokens in 1-3 chunks, every query handed over.
+  // A prompt for request r: `n` tokens in 1-3 chunks, every query handed over; the chunks of a
+  // layer in one prefill call or one call each.
   const auto prefill = [&](int r, int n) {
     const auto k = random_array<T>(rng, static_cast<std::size_t>(shape.layers) * n * H * d);
     const auto v = random_array<T>(rng, k.size());
@@ -151,7 +153,10 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
     twin<T, E> kd(engine, k), vd(engine, v);
     twin<float, E> qd(engine, q);
     const int pieces = 1 + static_cast<int>(rng() % 3);
+    const bool one_call = rng() % 2 == 0;
     for (int l = 0; l < shape.layers; ++l) {
+      std::vector<kvsift::prefill_chunk<T>> hcs;
+      std::vector<dchunk> dcs;
       int at = 0;
       for (int p = 0; p < pieces && at < n; ++p) {
         const int len = p + 1 == pieces ? n - at : std::max(1, n / pieces);
@@ -168,9 +173,18 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
                   kvsift::kv_view<const T, nhd, space>::contiguous(vd.device.data() + ko, len, H, d),
                   kvsift::kv_view<const float, nhd, space>::contiguous(qd.device.data() + qo, len, Q, d),
                   at, last};
-        hm.prefill(l, hc);
-        dm.prefill(l, dc);
+        if (one_call) {
+          hcs.push_back(hc);
+          dcs.push_back(dc);
+        } else {
+          hm.prefill(l, hc);
+          dm.prefill(l, dc);
+        }
         at += len;
+      }
+      if (one_call) {
+        hm.prefill(l, std::span<const kvsift::prefill_chunk<T>>(hcs));
+        dm.prefill(l, std::span<const dchunk>(dcs));
       }
     }
   };
@@ -258,40 +272,46 @@ void run_pair(const E& e, sim_arena& arena, const E& engine, const Params& param
   ds.check();
 }
 
+// Each seed a run; the GQA group of `sh` (q_heads / kv_heads) is the attention's and scorers'.
+struct runs {
+  model_shape sh = shape;
+  std::vector<std::uint32_t> seeds{11u, 12u};
+};
+
 template <class T, class E, class DS, template <class, class> class M, class Params>
-void run_composition(const Params& params, const std::string& name) {
-  for (std::uint32_t seed : {11u, 12u}) {
+void run_composition(const Params& params, const std::string& name, const runs& how) {
+  for (const std::uint32_t seed : how.seeds) {
     sim_arena engine_arena, arena;
     const E engine{engine_arena}, e{arena};
     using P = typename compositions<T, E, DS>::template pair<M>;
     run_pair<T, E, typename P::first_type, typename P::second_type>(e, arena, engine, params, seed,
-                                                                    name);
+                                                                    name, how.sh);
   }
 }
 
 template <class T, class E, class DS = kvsift::thrust::dense_store<T, E>>
-void run_all() {
+void run_all(const runs& how = {}) {
   using C = compositions<T, E, DS>;
   using HS = typename C::host_store;
-  run_composition<T, E, DS, full_kv_t>(kvsift::full_kv_params<HS>(), "full_kv");
-  run_composition<T, E, DS, streaming_t>(kvsift::streaming_llm_params<HS>(16, 4), "streaming_llm");
-  run_composition<T, E, DS, h2o_t>(kvsift::h2o_params<HS>(16), "h2o");
-  run_composition<T, E, DS, snapkv_t>(kvsift::snapkv_params<HS>(20, 8, 3), "snapkv");
-  run_composition<T, E, DS, pyramidkv_t>(kvsift::pyramidkv_params<HS>(20, 8, 3), "pyramidkv");
-  run_composition<T, E, DS, quest_t>(kvsift::quest_params<HS>(20, 4, 1), "quest");
-  run_composition<T, E, DS, dynamickv_t>(kvsift::dynamickv_params<HS>(18, 6, 3, 2, 1), "dynamickv");
-  run_composition<T, E, DS, lagkv_t>(kvsift::lagkv_params<HS>(4, 6, 0.5), "lagkv");
+  run_composition<T, E, DS, full_kv_t>(kvsift::full_kv_params<HS>(), "full_kv", how);
+  run_composition<T, E, DS, streaming_t>(kvsift::streaming_llm_params<HS>(16, 4), "streaming_llm", how);
+  run_composition<T, E, DS, h2o_t>(kvsift::h2o_params<HS>(16), "h2o", how);
+  run_composition<T, E, DS, snapkv_t>(kvsift::snapkv_params<HS>(20, 8, 3), "snapkv", how);
+  run_composition<T, E, DS, pyramidkv_t>(kvsift::pyramidkv_params<HS>(20, 8, 3), "pyramidkv", how);
+  run_composition<T, E, DS, quest_t>(kvsift::quest_params<HS>(20, 4, 1), "quest", how);
+  run_composition<T, E, DS, dynamickv_t>(kvsift::dynamickv_params<HS>(18, 6, 3, 2, 1), "dynamickv", how);
+  run_composition<T, E, DS, lagkv_t>(kvsift::lagkv_params<HS>(4, 6, 0.5), "lagkv", how);
   run_composition<T, E, DS, lagkv_t>(
-      kvsift::lagkv_params<HS>(3, 5, 0.4, 1.0, kvsift::score::lag_variant::knorm), "lagkv knorm");
+      kvsift::lagkv_params<HS>(3, 5, 0.4, 1.0, kvsift::score::lag_variant::knorm), "lagkv knorm", how);
   run_composition<T, E, DS, h2o_pyramid_t>(
       typename h2o_pyramid_t<HS, exec::host>::params{
           .selector = {.window = 4}, .budgeter = {.tokens = 20, .window = 4, .beta = 3}},
-      "h2o scores, pyramid budgets");
+      "h2o scores, pyramid budgets", how);
   run_composition<T, E, DS, snapkv_rolling_t>(
       typename snapkv_rolling_t<HS, exec::host>::params{
           .scorer = {.window = 6, .kernel = 3}, .selector = {.window = 6},
           .budgeter = {.tokens = 22, .window = 6, .beta = 3}},
-      "snapkv scores every step, pyramid budgets");
+      "snapkv scores every step, pyramid budgets", how);
 }
 
 }  // namespace
@@ -302,6 +322,20 @@ TEMPLATE_LIST_TEST_CASE("device methods: the evict baselines on exec::sim equal 
   SECTION("f32") { run_all<float, E>(); }
   SECTION("bf16") { run_all<kvsift::bfloat16, E>(); }
   SECTION("f16") { run_all<kvsift::half, E>(); }
+}
+
+// GQA groups of 1 and 4 (the runs above have groups of 2): every method's plans, outputs, budgets
+// and resident tokens equal the host's, one seed each.
+TEMPLATE_LIST_TEST_CASE("device methods: GQA groups of 1 and 4 on exec::sim equal exec::host",
+                        "[thrust][method]", device_execs) {
+  using E = TestType;
+  SECTION("group 1, f32") {
+    run_all<float, E>({.sh = {.layers = 2, .q_heads = 3, .kv_heads = 3, .head_dim = 16}, .seeds = {21u}});
+  }
+  SECTION("group 4, bf16") {
+    run_all<kvsift::bfloat16, E>(
+        {.sh = {.layers = 2, .q_heads = 8, .kv_heads = 2, .head_dim = 16}, .seeds = {22u}});
+  }
 }
 
 // The same runs over a paged device store (thrust::paged_store): the plans, outputs, budgets and

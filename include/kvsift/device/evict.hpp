@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::evict over a device store: the state method<Store, Recipe, E> runs over a
-// thrust::dense_store<T, E> or a thrust::paged_store<T, E> (thrust::DeviceOneTierStore; the host
-// state is method/schedule/evict.hpp, this file is its Thrust mirror).
+// schedule::evict over a device store: the content half (detail::evict_content) that the one
+// evict body (schedule::evict::state, method/schedule/evict.hpp) calls when method<Store, Recipe,
+// E> runs over a thrust::dense_store<T, E> or a thrust::paged_store<T, E>
+// (thrust::DeviceOneTierStore). The body's checks, order and trigger are the host's own.
 //
 //   kvsift::thrust::sim_arena arena;
 //   kvsift::exec::sim_cpp e{arena};
@@ -17,8 +18,8 @@
 //
 // Shapes on the host, contents on the device. Every count a step needs (lengths, budgets, whether
 // a round runs, how many slots a head keeps, the plan's offsets) is host arithmetic on the
-// store's host shadow, the budgeter and the trigger, exactly as the host state computes it
-// (detail::evict_firing and the checks are shared); the data decides only which slots. A step
+// store's host shadow, the budgeter and the trigger, in the body every exec shares; the data
+// decides only which slots. A step
 // uploads its descriptors (the plan's CSR, the batch, each request's local CSR and query
 // position: counted host-to-device writes) and reads nothing back; every buffer it uses is
 // allocated once, at construction, sized by the store's capacity and requests, so after warm-up
@@ -213,21 +214,21 @@ class device_query_history {
 
 }  // namespace kvsift::thrust
 
-namespace kvsift {
+namespace kvsift::detail {
 
+// The content half of schedule::evict::state (method/schedule/evict.hpp, the one body) over a
+// device store: queries in a device_query_history, the step's plan and attention in E memory, and
+// each firing request's round on the thrust/ leaves.
 template <class Store, class Recipe>
   requires thrust::DeviceOneTierStore<Store>
-class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Store> {
+class evict_content<Store, Recipe> : public device_one_tier<Store> {
   using T = typename Store::element_type;
   using E = typename Store::exec_type;
-  using base = detail::device_one_tier<Store>;
+  using base = device_one_tier<Store>;
   using Scorer = typename Recipe::scorer;
   using Selector = typename Recipe::selector;
   using Budgeter = typename Recipe::budgeter;
   using Policy = decltype(std::declval<const E&>().policy());
-  using base::layer_budgets_;
-  using base::refreshes_;
-  using base::steps_;
   using base::exec_;
   using base::H_;
   using base::G_;
@@ -236,7 +237,6 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
   using base::rows_of;
   using base::local_offsets;
   using base::local_items;
-  static constexpr hooks selector_hooks = hooks_of<Selector>;
   static constexpr bool observes = hooks_of<Scorer>.observe;
   static constexpr bool compresses = !requires { requires Selector::keeps_everything; };
   static constexpr bool partitions = std::is_same_v<Selector, select::partition_topk>;
@@ -253,19 +253,10 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
                 "is cumulative_attention (H2O)");
 
  public:
-  using plan_type = thrust::device_plan;
-  template <class R>
-  static constexpr capabilities caps{
-      .changes_physical_length = compresses,
-      .safe_with_shared_prefix = !compresses,
-      .needs_queries = R::scorer::needs_queries,
-      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
-      .speculative_decoding = false,
-  };
-  static constexpr bool after_attention_reads_queries = Scorer::needs_queries;
+  using chunk_type = prefill_chunk<T, typename E::memory_space>;
 
   template <class M>
-  explicit state(const M& m)
+  explicit evict_content(const M& m)
       : base(m),
         history_(exec_, static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers,
                  Scorer::needs_queries ? m.parts().scorer.query_window() : 0, cap_,
@@ -286,7 +277,6 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
         head_desc_d_(exec_, partitions ? static_cast<std::size_t>(5 * H_ + 1) : 0),
         part_scores_(exec_, partitions ? per_round() : 0),
         picked_(exec_, partitions ? per_round() : 0),
-        frozen_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers * H_, 0),
         weights_(exec_, observes ? per_round() * G_ : 0),
         observe_out_(exec_, observes ? static_cast<std::size_t>(m.store().shape().q_heads) *
                                            m.store().shape().head_dim
@@ -299,60 +289,6 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
     if constexpr (partitions) reserve_decode_round(m);
   }
 
-  // Final prefix of a head-sequence (LagKV's: slots before it are never rescored; 0 otherwise).
-  [[nodiscard]] int frozen(std::int64_t seq) const { return frozen_[static_cast<std::size_t>(seq)]; }
-
-  template <class M>
-  void check_chunk(const M& m, std::string_view where, int layer,
-                   const prefill_chunk<T, typename E::memory_space>& c, prefill_totals& tot) const {
-    if constexpr (Scorer::needs_queries) {
-      const int rows = detail::evict_check_queries(m, where, layer, c, history_, tot);
-      if (m.parts().scorer.query_window() < 0) {  // every prompt query, in a buffer of capacity rows
-        require(rows <= history_.capacity(), where, "queries.tokens", c.queries.tokens,
-                "room in the device query history: " + std::to_string(rows) +
-                    " prompt queries buffered, at most the store's capacity (" +
-                    std::to_string(history_.capacity()) + ")");
-      }
-    }
-    base::check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);
-  }
-
-  template <class M>
-  void check_prefill(const M& m, std::string_view, int layer,
-                     std::span<const prefill_chunk<T, typename E::memory_space>> chunks,
-                     const prefill_totals& tot) const {
-    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks, tot);
-  }
-
-  template <class M>
-  void prefill(M& m, int layer, std::span<const prefill_chunk<T, typename E::memory_space>> chunks) {
-    std::vector<int> ended, between;
-    for (const auto& c : chunks) {
-      m.store().append(c.request, layer, c.keys, c.values, c.first_position);
-      if constexpr (Scorer::needs_queries) {
-        history_.remember(m.slot(c.request, layer), c.queries,
-                          c.first_position + c.keys.tokens - c.queries.tokens);
-      }
-      (c.last ? ended : between).push_back(c.request);
-    }
-    if constexpr (compresses) {
-      if (layer >= m.parameters().dense_layers) {
-        compress(m, layer, between, lifecycle_event::prefill_chunk);
-        compress(m, layer, ended, lifecycle_event::prefill_end);
-      }
-    }
-    for (const int r : ended) history_.clear(m.slot(r, layer));
-  }
-
-  template <class M>
-  void check_decode(const M& m, std::string_view where, int layer,
-                    std::span<const decode_token<T>> tokens) const {
-    base::check_decode_room(m, where, layer, tokens);
-    if constexpr (compresses && selector_hooks.check) {
-      detail::evict_check_decode(m, layer, tokens, steps_, [&](std::int64_t seq) { return frozen_[seq]; });
-    }
-  }
-
   // Appends each request's token, then the plan of every resident slot (E memory).
   template <class M>
   void decode(M& m, int layer, std::span<const decode_token<T>> tokens, thrust::device_plan& plan) {
@@ -360,54 +296,96 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
     this->plan_every_slot(m, layer, plan);
   }
 
-  // The library's attention over the step's plan (every resident slot): out [tokens, q_heads, d].
+ protected:
+  // The scorer's queries: a device_query_history in E memory.
   template <class M>
-  void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    this->attend_step(m, layer, tokens, out);
+  const thrust::device_query_history<E>& history(const M&) const { return history_; }
+  // Every prompt query (window -1) must fit the history's buffer of capacity rows.
+  template <class M>
+  void check_history(const M& m, std::string_view where, const chunk_type& c, int rows) const {
+    if (m.parts().scorer.query_window() < 0) {
+      require(rows <= history_.capacity(), where, "queries.tokens", c.queries.tokens,
+              "room in the device query history: " + std::to_string(rows) +
+                  " prompt queries buffered, at most the store's capacity (" +
+                  std::to_string(history_.capacity()) + ")");
+    }
+  }
+  template <class M>
+  void remember(M& m, int layer, const chunk_type& c) {
+    history_.remember(m.slot(c.request, layer), c.queries,
+                      c.first_position + c.keys.tokens - c.queries.tokens);
+  }
+  template <class M>
+  void remember_step(M& m, int layer, const decode_token<T>& t) {
+    const auto& sh = m.store().shape();
+    history_.remember(m.slot(t.request, layer),
+                      kv_view<const float, nhd, typename E::memory_space>::contiguous(
+                          t.query, 1, sh.q_heads, sh.head_dim),
+                      m.store().next_position(t.request, layer) - 1);
+  }
+  template <class M>
+  void forget(M& m, int layer, int request) { history_.clear(m.slot(request, layer)); }
+  // The running scores (H2O) live in the store's side column, which the store's reset clears.
+  template <class M>
+  void forget_request(M& m, int request) {
+    for (int l = 0; l < m.store().shape().layers; ++l) history_.clear(m.slot(request, l));
   }
 
+  // The step's attention into the running scores (side column 0).
   template <class M>
-  void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
-    if (layer < m.parameters().dense_layers) return;
+  void observe(M& m, int layer, std::span<const decode_token<T>> tokens) {
     const auto& sh = m.store().shape();
-    if constexpr (observes) {  // the step's attention into the running scores (side column 0)
-      for (std::size_t i = 0; i < tokens.size(); ++i) {
-        this->attend_one(m, layer, i, tokens[i], observe_out_.data(), weights_.data());
-        const std::int64_t seq0 = sh.sequence(tokens[i].request, layer, 0);
-        thrust::cumulative_attention_observe(exec_.policy(), weights_.data(), local_offsets(i), H_,
-                                             local_items(i), G_, m.parts().scorer.p.gqa, nullptr,
-                                             m.store().column(0) + seq0 * cap_, cap_);
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      this->attend_one(m, layer, i, tokens[i], observe_out_.data(), weights_.data());
+      const std::int64_t seq0 = sh.sequence(tokens[i].request, layer, 0);
+      thrust::cumulative_attention_observe(exec_.policy(), weights_.data(), local_offsets(i), H_,
+                                           local_items(i), G_, m.parts().scorer.p.gqa, nullptr,
+                                           m.store().column(0) + seq0 * cap_, cap_);
+    }
+  }
+
+  // A round of `firing` (their heads' budgets [firing * kv_heads]), request by request on the
+  // device over its KV heads, its counts (and LagKV's partitions) host arithmetic; a freezing
+  // selector advances `frozen_all`.
+  template <class M>
+  void round(M& m, int layer, lifecycle_event event, const std::vector<int>& firing,
+             const std::vector<int>& firing_budgets, std::vector<int>& frozen_all) {
+    auto& st = m.store();
+    const auto& sh = st.shape();
+    if constexpr (revises) {
+      round_sizes_.clear();
+      kept_sizes_.clear();
+      round_scores_host_.clear();
+      round_kept_host_.clear();
+    }
+    int rounds = 0;  // partition_topk: the rounds of LagKV's recursion the call amounts to
+    for (std::size_t i = 0; i < firing.size(); ++i) {
+      const int r = firing[i];
+      const std::int64_t seq0 = sh.sequence(r, layer, 0);
+      round_local_.assign(1, 0);
+      for (int h = 0; h < H_; ++h) round_local_.push_back(round_local_.back() + st.length(seq0 + h));
+      bool shrinks = false;
+      if constexpr (partitions) {
+        shrinks = plan_partitions(m, seq0, frozen_all, rounds);
+      } else {
+        shrinks = plan_topk(m, std::span<const int>(firing_budgets).subspan(i * H_, H_));
+      }
+      const bool from_prompt = event != lifecycle_event::decode_step;
+      const bool scores_needed =
+          partitions ? rounds_here_ : shrinks || revises || (observes && from_prompt);
+      if (!scores_needed) continue;
+      thrust::copy_to_device(exec_, std::span<const std::int32_t>(round_local_), round_offsets_);
+      round_scores(m, r, layer, from_prompt);
+      if (shrinks) select(m);
+      if constexpr (revises) keep_for_revision(shrinks);
+      if (shrinks) st.retain(r, layer, counts_, kept_.data());
+      if constexpr (partitions) {
+        for (int h = 0; h < H_; ++h) frozen_all[seq0 + h] = part_shape_.frozen_after[h];
       }
     }
-    batch_requests_.clear();
-    for (const auto& t : tokens) {
-      if constexpr (Scorer::needs_queries) {
-        if (m.parts().scorer.query_window() > 0) {
-          history_.remember(m.slot(t.request, layer),
-                            kv_view<const float, nhd, typename E::memory_space>::contiguous(
-                                t.query, 1, sh.q_heads, sh.head_dim),
-                            m.store().next_position(t.request, layer) - 1);
-        }
-      }
-      batch_requests_.push_back(t.request);
-    }
-    if constexpr (compresses) compress(m, layer, batch_requests_, lifecycle_event::decode_step);
+    this->refreshes_ += partitions ? rounds : 1;
+    if constexpr (revises) revise(m, layer, event, firing);
   }
-
-  template <class M>
-  void reset(M& m, int request) {
-    m.store().reset(request);
-    this->reset_steps(m, request);
-    const auto& sh = m.store().shape();
-    for (int l = 0; l < sh.layers; ++l) {
-      history_.clear(m.slot(request, l));
-      for (int h = 0; h < H_; ++h) frozen_[sh.sequence(request, l, h)] = 0;
-    }
-    if constexpr (hooks_of<Budgeter>.reset) m.parts().budgeter.reset(request);
-  }
-
-  template <class M>
-  void stats(const M&, method_stats& s) const { this->fill_stats(s); }
 
  private:
   template <class M>
@@ -449,54 +427,6 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
       return 0;
     }
   }
-  // One round for `requests` of `layer`: score, budget, select, retain — where the trigger fires.
-  // Budgets and firing are the host state's (detail::evict_firing); each firing request's round
-  // runs on the device over its KV heads, its counts (and LagKV's partitions) host arithmetic.
-  template <class M>
-  void compress(M& m, int layer, const std::vector<int>& requests, lifecycle_event event) {
-    if (requests.empty()) return;
-    auto& st = m.store();
-    const auto& sh = st.shape();
-    detail::evict_firing(m, layer, requests, event, steps_,
-                         [&](std::int64_t seq) { return frozen_[seq]; }, lengths_, budgets_, firing_,
-                         firing_budgets_);
-    if (firing_.empty()) return;
-    layer_budgets_[layer] = firing_budgets_.front();
-    if constexpr (revises) {
-      round_sizes_.clear();
-      kept_sizes_.clear();
-      round_scores_host_.clear();
-      round_kept_host_.clear();
-    }
-    int rounds = 0;  // partition_topk: the rounds of LagKV's recursion the call amounts to
-    for (std::size_t i = 0; i < firing_.size(); ++i) {
-      const int r = firing_[i];
-      const std::int64_t seq0 = sh.sequence(r, layer, 0);
-      round_local_.assign(1, 0);
-      for (int h = 0; h < H_; ++h) round_local_.push_back(round_local_.back() + st.length(seq0 + h));
-      bool shrinks = false;
-      if constexpr (partitions) {
-        shrinks = plan_partitions(m, seq0, rounds);
-      } else {
-        shrinks = plan_topk(m, i, seq0);
-      }
-      const bool from_prompt = event != lifecycle_event::decode_step;
-      const bool scores_needed =
-          partitions ? rounds_here_ : shrinks || revises || (observes && from_prompt);
-      if (!scores_needed) continue;
-      thrust::copy_to_device(exec_, std::span<const std::int32_t>(round_local_), round_offsets_);
-      round_scores(m, r, layer, from_prompt);
-      if (shrinks) select(m);
-      if constexpr (revises) keep_for_revision(shrinks);
-      if (shrinks) st.retain(r, layer, counts_, kept_.data());
-      if constexpr (partitions) {
-        for (int h = 0; h < H_; ++h) frozen_[seq0 + h] = part_shape_.frozen_after[h];
-      }
-    }
-    refreshes_ += partitions ? rounds : 1;
-    if constexpr (revises) revise(m, layer, event);
-  }
-
   // A progressive budgeter (DynamicKV) sees the round's scores and kept sets on the host: they
   // are read back once per round (DynamicKV's trigger fires at the prompt's end only, so never in
   // a decode step; a revising budgeter under a trigger that fires at decode would read back in
@@ -523,9 +453,9 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
     }
   }
   template <class M>
-  void revise(M& m, int layer, lifecycle_event event) {
+  void revise(M& m, int layer, lifecycle_event event, const std::vector<int>& firing) {
     const auto& sh = m.store().shape();
-    if (round_sizes_.size() != firing_.size() * H_) return;  // no request was scored
+    if (round_sizes_.size() != firing.size() * H_) return;  // no request was scored
     score_sets scores;
     scores.resize(round_sizes_);
     std::copy(round_scores_host_.begin(), round_scores_host_.end(), scores.values.begin());
@@ -534,33 +464,28 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
     std::copy(round_kept_host_.begin(), round_kept_host_.end(), kept.values.begin());
     revisions_.clear();
     m.parts().budgeter.revise(
-        budget_round{layer, sh.layers, sh.kv_heads, event, firing_, &scores, &kept}, revisions_);
+        budget_round{layer, sh.layers, sh.kv_heads, event, firing, &scores, &kept}, revisions_);
     for (const auto& rv : revisions_) {
       counts_.clear();
       for (int h = 0; h < H_; ++h) counts_.push_back(rv.kept.size(h));
       thrust::copy_to_device(exec_, std::span<const std::int32_t>(rv.kept.values), kept_);
       m.store().retain(rv.request, rv.layer, counts_, kept_.data());
-      if (rv.request == firing_.front()) layer_budgets_[rv.layer] = rv.budget;
+      if (rv.request == firing.front()) this->layer_budgets_[rv.layer] = rv.budget;
     }
   }
 
-  // The round's head lengths (from round_local_) and, for a freezing selector, frozen prefixes.
-  void head_lengths(std::int64_t seq0) {
+  // The round's head lengths (from round_local_).
+  void head_lengths() {
     head_lengths_.clear();
-    frozen_in_.clear();
-    for (int h = 0; h < H_; ++h) {
-      head_lengths_.push_back(round_local_[h + 1] - round_local_[h]);
-      frozen_in_.push_back(frozen_[seq0 + h]);
-    }
+    for (int h = 0; h < H_; ++h) head_lengths_.push_back(round_local_[h + 1] - round_local_[h]);
   }
 
   // select::topk's shape half (counts, protected windows) for request i's heads, and the kept
   // CSR the device selection writes into. Whether any head shrinks.
   template <class M>
-  bool plan_topk(const M& m, std::size_t i, std::int64_t seq0) {
-    head_lengths(seq0);
-    m.parts().selector.shape_of(head_lengths_, std::span<const int>(firing_budgets_).subspan(i * H_, H_),
-                                topk_shape_);
+  bool plan_topk(const M& m, std::span<const int> budgets) {
+    head_lengths();
+    m.parts().selector.shape_of(head_lengths_, budgets, topk_shape_);
     counts_ = topk_shape_.counts;
     kept_host_.assign(1, 0);
     for (const int c : counts_) kept_host_.push_back(kept_host_.back() + c);
@@ -572,10 +497,12 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
   // packed scores) and, per head, the kept CSR, base, tail, scored partitions and the first of
   // them. Whether any head shrinks.
   template <class M>
-  bool plan_partitions(const M& m, std::int64_t seq0, int& rounds) {
+  bool plan_partitions(const M& m, std::int64_t seq0, const std::vector<int>& frozen_all,
+                       int& rounds) {
     const auto& sel = m.parts().selector;
     const int L = sel.p.lag;
-    head_lengths(seq0);
+    head_lengths();
+    frozen_in_.assign(frozen_all.begin() + seq0, frozen_all.begin() + seq0 + H_);
     sel.shape_of(head_lengths_, frozen_in_, part_shape_);
     const auto& sh = part_shape_;
     counts_ = sh.counts;
@@ -691,12 +618,11 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
   thrust::buffer<std::int32_t, E> base_, part_src_, part_offsets_, part_kept_offsets_, head_desc_d_;
   thrust::buffer<float, E> part_scores_;
   thrust::buffer<std::int32_t, E> picked_;
-  std::vector<int> frozen_;  // host: [requests * layers * kv_heads] final prefix (partition_topk)
   thrust::buffer<float, E> weights_, observe_out_;  // H2O's observe: the step's attention
   // host scratch (shapes)
   std::vector<std::int32_t> round_local_, kept_host_;     // a round's
   std::vector<std::int32_t> part_src_host_, head_desc_;
-  std::vector<int> head_lengths_, frozen_in_;  // a firing request's heads
+  std::vector<int> head_lengths_, frozen_in_;  // a firing request's heads (lengths, final prefixes)
   select::topk::shape topk_shape_;            // the selector's shape half of the round
   select::partition_topk::shape part_shape_;
   // a progressive budgeter's view of a round, on the host, and its orders
@@ -705,8 +631,7 @@ class schedule::evict::state<Store, Recipe> : public detail::device_one_tier<Sto
   std::vector<std::int32_t> round_kept_host_;
   std::vector<budget_revision> revisions_;
   bool rounds_here_ = false;
-  std::vector<int> counts_, lengths_, budgets_, firing_, firing_budgets_,
-      batch_requests_;
+  std::vector<int> counts_;  // the kept slots per head of the request in hand
 };
 
-}  // namespace kvsift
+}  // namespace kvsift::detail

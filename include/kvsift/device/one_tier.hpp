@@ -98,6 +98,19 @@ class device_one_tier : public one_tier<Store> {
   using base = one_tier<Store>;
   using space = typename E::memory_space;
 
+ public:
+  using plan_type = thrust::device_plan;
+
+  // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
+  template <class M>
+  void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
+    const auto& sh = m.store().shape();
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      attend_one(m, layer, i, tokens[i], out + i * sh.q_heads * sh.head_dim, nullptr);
+    }
+  }
+
+ protected:
   template <class M>
   explicit device_one_tier(const M& m)
       : base(m),
@@ -226,16 +239,6 @@ class device_one_tier : public one_tier<Store> {
     }
     thrust::attention_over(exec_.policy(), k, v, q, plan, n, candidates, out, weights,
                            attention_ws_.data(), attention_ws_.size());
-  }
-
-  // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
-  template <class M>
-  void attend_step(const M& m, int layer, std::span<const decode_token<T>> tokens,
-                   float* out) const {
-    const auto& sh = m.store().shape();
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      attend_one(m, layer, i, tokens[i], out + i * sh.q_heads * sh.head_dim, nullptr);
-    }
   }
 
   E exec_;

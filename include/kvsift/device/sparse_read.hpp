@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::sparse_read over a device store: the state method<Store, Recipe, E> runs for Quest
-// over a thrust::dense_store or a thrust::paged_store (the host state is
-// method/schedule/sparse_read.hpp).
+// schedule::sparse_read over a device store: the content half (detail::sparse_read_content) that
+// the one sparse_read body (method/schedule/sparse_read.hpp) calls when Quest runs over a
+// thrust::dense_store or a thrust::paged_store.
 //
 // Full KV stays resident; each decode step scores every page of each KV head with the step's
 // query and reads the selected pages. On the device, per request of the step:
@@ -55,14 +55,14 @@ struct every_page_fn {
 
 }  // namespace kvsift::thrust::detail
 
-namespace kvsift {
+namespace kvsift::detail {
 
 template <class Store, class Recipe>
   requires thrust::DeviceOneTierStore<Store>
-class schedule::sparse_read::state<Store, Recipe> : public detail::device_one_tier<Store> {
+class sparse_read_content<Store, Recipe> : public device_one_tier<Store> {
   using T = typename Store::element_type;
   using E = typename Store::exec_type;
-  using base = detail::device_one_tier<Store>;
+  using base = device_one_tier<Store>;
   using space = typename E::memory_space;
   using base::exec_;
   using base::H_;
@@ -74,19 +74,10 @@ class schedule::sparse_read::state<Store, Recipe> : public detail::device_one_ti
                 "select::page_topk (Quest) on the device");
 
  public:
-  using plan_type = thrust::device_plan;
-  template <class R>
-  static constexpr capabilities caps{
-      .changes_physical_length = false,
-      .safe_with_shared_prefix = true,
-      .needs_queries = R::scorer::needs_queries,
-      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
-      .speculative_decoding = false,
-  };
-  static constexpr bool after_attention_reads_queries = false;
+  using chunk_type = prefill_chunk<T, space>;
 
   template <class M>
-  explicit state(const M& m)
+  explicit sparse_read_content(const M& m)
       : base(m),
         ps_(m.parts().selector.p.page_size),
         page_cap_((cap_ + ps_ - 1) / ps_),
@@ -105,30 +96,6 @@ class schedule::sparse_read::state<Store, Recipe> : public detail::device_one_ti
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(current_page), window_);
     ::thrust::fill_n(exec_.policy(), page_scores_.data(), page_scores_.size(), 0.0f);
     reserve_selection(m);
-  }
-
-  template <class M>
-  void check_chunk(const M& m, std::string_view where, int layer,
-                   const prefill_chunk<T, space>& c, prefill_totals& tot) const {
-    base::check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);
-  }
-  template <class M>
-  void check_prefill(const M&, std::string_view, int, std::span<const prefill_chunk<T, space>>,
-                     const prefill_totals&) const {}
-  // Appends every chunk and digests the pages it touched.
-  template <class M>
-  void prefill(M& m, int layer, std::span<const prefill_chunk<T, space>> chunks) {
-    for (const auto& c : chunks) {
-      const int before = m.store().length(m.store().shape().sequence(c.request, layer, 0));
-      m.store().append(c.request, layer, c.keys, c.values, c.first_position);
-      digest(m, c.request, layer, before);
-    }
-  }
-
-  template <class M>
-  void check_decode(const M& m, std::string_view where, int layer,
-                    std::span<const decode_token<T>> tokens) const {
-    base::check_decode_room(m, where, layer, tokens);
   }
 
   template <class M>
@@ -212,20 +179,12 @@ class schedule::sparse_read::state<Store, Recipe> : public detail::device_one_ti
     if (!dense) ++this->refreshes_;
   }
 
+ protected:
+  // A chunk appended at `before`: the digests of the pages it touched.
   template <class M>
-  void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    this->attend_step(m, layer, tokens, out);
-  }
+  void appended(M& m, int request, int layer, int before) { digest(m, request, layer, before); }
   template <class M>
-  void after_attention(M&, int, std::span<const decode_token<T>>) {}
-
-  template <class M>
-  void reset(M& m, int request) {  // the digests are rewritten as the new prompt is appended
-    m.store().reset(request);
-    this->reset_steps(m, request);
-  }
-  template <class M>
-  void stats(const M&, method_stats& s) const { this->fill_stats(s); }
+  void forget_request(M&, int) {}  // the digests are rewritten as the new prompt is appended
 
  private:
   // The selection's sorts have the same size every step (the padding segment; the kept count is
@@ -283,4 +242,4 @@ class schedule::sparse_read::state<Store, Recipe> : public detail::device_one_ti
   std::vector<char> selects_;  // per request of the step: some head keeps fewer than its pages
 };
 
-}  // namespace kvsift
+}  // namespace kvsift::detail

@@ -78,8 +78,9 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
                 "host-accessible stores)");
   static_assert(Exec_::host_visible || requires { typename state_type::plan_type; },
                 "kvsift::method on a device exec: this schedule has no device state for this "
-                "store (device/evict.hpp and device/sparse_read.hpp run schedule::evict and "
-                "schedule::sparse_read over a thrust::dense_store or thrust::paged_store; "
+                "store (device/evict.hpp and device/sparse_read.hpp give schedule::evict and "
+                "schedule::sparse_read their device halves over a thrust::dense_store or "
+                "thrust::paged_store; "
                 "device/deferred_recall.hpp, "
                 "device/deferred_recall_stars.hpp and device/speculative.hpp run SyncKV's and "
                 "HeteroCache's schedule::deferred_recall and FreeKV's schedule::speculative over "

@@ -51,6 +51,11 @@
 #include <utility>
 #include <vector>
 
+namespace kvsift::transfer {
+template <Element T>
+class async;
+}  // namespace kvsift::transfer
+
 namespace kvsift::store {
 
 // Byte and event counts of the two tiers.
@@ -94,6 +99,9 @@ class tiered {
   using kvsift_role = store_tag;
   using element_type = T;
   using memory_space = host_space;
+  // Its Transfer slot: what moves its recalls from the host pool (worker threads, RecallTransfer;
+  // transfer/async.hpp). The two-tier schedules hold one and submit through it.
+  using transfer_type = transfer::async<T>;
 
   // `host_capacity` tokens per head-sequence in the pool (fixed: the pool never reallocates, so
   // recalls in flight stay valid); `page_size` is the pool's page p (FreeKV recalls whole pages).

@@ -80,6 +80,7 @@ class async {
  public:
   using kvsift_role = transfer_tag;
   using ticket = std::uint64_t;
+  using request_type = recall_request;
   struct params {
     int chunk_rows = 256;  // rows (or page rows) per staging buffer
     // Stream through the two staging buffers (FreeKV's double-buffered recall; the GPU path's

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::deferred_recall — two tiers (store::tiered + transfer::async): decide after step
+// schedule::deferred_recall — two tiers (store::tiered + its transfer_type): decide after step
 // t's attention, recall in the background, install at step t+1 (SyncKV, HeteroCache; METHODS.md
 // "SyncKV", "HeteroCache"). Besides the scorer and the trigger, the recipe names a roles part
 // (roles/: clusters, stars) that says per KV head whether it keeps its whole KV, its own set, or
@@ -54,6 +54,7 @@ class schedule::deferred_recall::state {
                 "of the prompt's last query and of decode queries: compose it with a scorer that "
                 "reads queries");
   using T = typename Store::element_type;
+  using xfer_type = typename Store::transfer_type;  // the store's Transfer slot
   using roles_type = typename Recipe::roles;
   using role_state = typename roles_type::slot_state;
   using decision = typename roles_type::decision;
@@ -80,7 +81,7 @@ class schedule::deferred_recall::state {
 
   template <class M>
   explicit state(const M& m)
-      : xfer_(std::make_unique<transfer::async<T>>()),
+      : xfer_(std::make_unique<xfer_type>()),
         slots_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers),
         pending_(slots_.size(),
                  static_cast<std::size_t>(m.store().requests()) * m.store().shape().sequences_per_request(),
@@ -88,7 +89,7 @@ class schedule::deferred_recall::state {
         layer_budgets_(static_cast<std::size_t>(m.store().shape().layers), -1) {}
   state(state&&) noexcept = default;
 
-  [[nodiscard]] transfer::async<T>& transfer() { return *xfer_; }
+  [[nodiscard]] xfer_type& transfer() { return *xfer_; }
   [[nodiscard]] int steps(std::size_t slot) const { return slots_[slot].steps; }
   [[nodiscard]] const slot_state& at(std::size_t slot) const { return slots_[slot]; }
   [[nodiscard]] bool recall_pending(std::size_t slot) const { return pending_.has(slot); }
@@ -253,7 +254,7 @@ class schedule::deferred_recall::state {
   }
 
  private:
-  std::unique_ptr<transfer::async<T>> xfer_;
+  std::unique_ptr<xfer_type> xfer_;
   std::vector<slot_state> slots_;  // [requests * layers]
   pending_type pending_;
   std::vector<int> layer_budgets_;

@@ -30,6 +30,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvsift {
@@ -202,14 +203,19 @@ void evict_firing(const M& m, int layer, const std::vector<int>& requests, lifec
 
 }  // namespace detail
 
+// The content half of an evict state: where the scorer's queries are kept, the step's plan, and a
+// round's scores, selection and retain over the firing requests. This one runs over host memory
+// (the cpu/ leaves through the parts); device/evict.hpp specialises it for a store in a device
+// exec's memory (the thrust/ leaves). The control flow both share is schedule::evict::state.
+namespace detail {
+
 template <class Store, class Recipe>
-class schedule::evict::state : public detail::one_tier<Store> {
-  using base = detail::one_tier<Store>;
+class evict_content : public one_tier<Store> {
   using T = typename Store::element_type;
   using Scorer = typename Recipe::scorer;
   using Selector = typename Recipe::selector;
   using Budgeter = typename Recipe::budgeter;
-  static_assert(detail::composition_checked<Store, Scorer, Selector, Budgeter>);
+  static_assert(composition_checked<Store, Scorer, Selector, Budgeter>);
   static constexpr hooks scorer_hooks = hooks_of<Scorer>;
   static constexpr hooks selector_hooks = hooks_of<Selector>;
   static constexpr hooks budgeter_hooks = hooks_of<Budgeter>;
@@ -219,76 +225,14 @@ class schedule::evict::state : public detail::one_tier<Store> {
                                        const attention::plan_weights& w) {
         s.observe_weights(st, 0, 0, plan, w, 0);
       };
-  using base::layer_budgets_;
-  using base::refreshes_;
-  using base::steps_;
 
  public:
-  // A selector that declares `keeps_everything` (full KV) makes every round a no-op: none runs.
-  static constexpr bool compresses = !requires { requires Selector::keeps_everything; };
-  template <class R>
-  static constexpr capabilities caps{
-      .changes_physical_length = compresses,
-      .safe_with_shared_prefix = !compresses,
-      .needs_queries = R::scorer::needs_queries,
-      .cuda_graph_safe = false,
-      .speculative_decoding = false,
-  };
-  static constexpr bool after_attention_reads_queries = Scorer::needs_queries;
+  using chunk_type = prefill_chunk<T>;
 
   template <class M>
-  explicit state(const M& m)
-      : base(m),
-        frozen_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers *
-                    m.store().shape().kv_heads, 0) {}
+  explicit evict_content(const M& m) : one_tier<Store>(m) {}
 
-  // Final prefix of a head-sequence: its slots before this one are never rescored (advanced by a
-  // freezing selector, e.g. LagKV's base; 0 otherwise).
-  [[nodiscard]] int frozen(std::int64_t seq) const { return frozen_[static_cast<std::size_t>(seq)]; }
-
-  template <class M>
-  void check_chunk(const M& m, std::string_view where, int layer, const prefill_chunk<T>& c,
-                   prefill_totals& tot) const {
-    if constexpr (Scorer::needs_queries) detail::evict_check_queries(m, where, layer, c, m.history(), tot);
-    base::check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);
-  }
-
-  // A budget that cannot hold the protected tokens is an error before anything is appended.
-  template <class M>
-  void check_prefill(const M& m, std::string_view, int layer,
-                     std::span<const prefill_chunk<T>> chunks, const prefill_totals& tot) const {
-    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks, tot);
-  }
-
-  template <class M>
-  void prefill(M& m, int layer, std::span<const prefill_chunk<T>> chunks) {
-    std::vector<int> ended, between;
-    for (const auto& c : chunks) {
-      m.store().append(c.request, layer, c.keys, c.values, c.first_position);
-      if constexpr (Scorer::needs_queries) {
-        m.history().remember(m.slot(c.request, layer), m.parts().scorer.query_window(), c.queries,
-                             c.first_position + c.keys.tokens - c.queries.tokens);
-      }
-      (c.last ? ended : between).push_back(c.request);
-    }
-    if (compresses && layer >= m.parameters().dense_layers) {
-      compress(m, layer, between, lifecycle_event::prefill_chunk);
-      compress(m, layer, ended, lifecycle_event::prefill_end);
-    }
-    // The prompt's queries have served its round (H2O buffers all of them, as large as the
-    // uncompressed cache): free them; decode-time scoring uses decode queries.
-    for (const int r : ended) m.history().clear(m.slot(r, layer));
-  }
-
-  template <class M>
-  void check_decode(const M& m, std::string_view where, int layer,
-                    std::span<const decode_token<T>> tokens) const {
-    base::check_decode_room(m, where, layer, tokens);
-    if constexpr (compresses && selector_hooks.check) {
-      detail::evict_check_decode(m, layer, tokens, steps_, [&](std::int64_t seq) { return frozen_[seq]; });
-    }
-  }
-
+  // Appends each request's token; the plan reads every resident token.
   template <class M>
   void decode(M& m, int layer, std::span<const decode_token<T>> tokens, attention_plan& plan) {
     weights_.offsets.clear();  // none kept for this step until attend() runs
@@ -313,72 +257,58 @@ class schedule::evict::state : public detail::one_tier<Store> {
     return nullptr;
   }
 
+ protected:
+  // The scorer's queries: the method's query_history.
   template <class M>
-  void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
-    if (layer < m.parameters().dense_layers) return;
-    const auto& sh = m.store().shape();
-    if constexpr (scorer_hooks.observe) {
-      // attend() kept every (token, KV head)'s probabilities, or the engine used its own kernel
-      const bool kept = weights_.offsets.size() == tokens.size() * sh.kv_heads + 1;
-      for (std::size_t i = 0; i < tokens.size(); ++i) {
-        const int first = static_cast<int>(i) * sh.kv_heads;
-        if constexpr (observes_weights) {
-          if (kept) {
-            m.parts().scorer.observe_weights(m.store(), tokens[i].request, layer, m.plan().slots,
-                                             weights_, first);
-            continue;
-          }
-        }
-        m.parts().scorer.observe(m.store(), tokens[i].request, layer, tokens[i].query,
-                                 m.plan().slots, first);
-      }
-    }
-    batch_.clear();
-    for (const auto& t : tokens) {
-      // A scorer reading every query (H2O, window -1) follows decode through observe(): keeping
-      // each decode query too would grow a buffer by q_heads * d floats per step, unused.
-      if constexpr (Scorer::needs_queries) {
-        if (m.parts().scorer.query_window() > 0) {
-          m.history().remember_row(m.slot(t.request, layer), m.parts().scorer.query_window(), t.query,
-                                   m.store().next_position(t.request, layer) - 1);
-        }
-      }
-      batch_.push_back(t.request);
-    }
-    compress(m, layer, batch_, lifecycle_event::decode_step);
+  static const auto& history(const M& m) { return m.history(); }
+  template <class M>
+  void check_history(const M&, std::string_view, const chunk_type&, int) const {}
+  template <class M>
+  void remember(M& m, int layer, const chunk_type& c) {
+    m.history().remember(m.slot(c.request, layer), m.parts().scorer.query_window(), c.queries,
+                         c.first_position + c.keys.tokens - c.queries.tokens);
   }
-
   template <class M>
-  void reset(M& m, int request) {
-    const auto& sh = m.store().shape();
-    m.store().reset(request);
-    this->reset_steps(m, request);
-    for (int l = 0; l < sh.layers; ++l) {
-      for (int h = 0; h < sh.kv_heads; ++h) frozen_[sh.sequence(request, l, h)] = 0;
-    }
+  void remember_step(M& m, int layer, const decode_token<T>& t) {
+    m.history().remember_row(m.slot(t.request, layer), m.parts().scorer.query_window(), t.query,
+                             m.store().next_position(t.request, layer) - 1);
+  }
+  template <class M>
+  void forget(M& m, int layer, int request) { m.history().clear(m.slot(request, layer)); }
+  template <class M>
+  void forget_request(M& m, int request) {
     if constexpr (scorer_hooks.reset) m.parts().scorer.reset(std::as_const(m.store()), request);
-    if constexpr (budgeter_hooks.reset) m.parts().budgeter.reset(request);
   }
 
+  // The step's attention into the scorer: the probabilities attend() kept for every (token, KV
+  // head), or a second pass over the keys where the engine used its own kernel.
   template <class M>
-  void stats(const M&, method_stats& s) const { this->fill_stats(s); }
+  void observe(M& m, int layer, std::span<const decode_token<T>> tokens) {
+    const auto& sh = m.store().shape();
+    const bool kept = weights_.offsets.size() == tokens.size() * sh.kv_heads + 1;
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const int first = static_cast<int>(i) * sh.kv_heads;
+      if constexpr (observes_weights) {
+        if (kept) {
+          m.parts().scorer.observe_weights(m.store(), tokens[i].request, layer, m.plan().slots,
+                                           weights_, first);
+          continue;
+        }
+      }
+      m.parts().scorer.observe(m.store(), tokens[i].request, layer, tokens[i].query,
+                               m.plan().slots, first);
+    }
+  }
 
- private:
-  // One round for `requests` of `layer`: score, budget, select, retain — if the trigger fires.
+  // A round of `firing` (their heads' budgets [firing * kv_heads]) in one pass over the batch:
+  // score, select (a freezing selector advances `frozen_all`), retain; a progressive budgeter's
+  // revisions after it.
   template <class M>
-  void compress(M& m, int layer, const std::vector<int>& requests, lifecycle_event event) {
-    if (requests.empty()) return;
+  void round(M& m, int layer, lifecycle_event event, const std::vector<int>& firing,
+             const std::vector<int>& firing_budgets, std::vector<int>& frozen_all) {
     auto& store = m.store();
     auto& parts = m.parts();
     const auto& sh = store.shape();
-    // the round's own lists live in round_, reused from round to round
-    auto& firing = round_.firing;
-    auto& firing_budgets = round_.budgets;
-    detail::evict_firing(m, layer, requests, event, steps_,
-                         [&](std::int64_t seq) { return frozen_[seq]; }, lengths_, budgets_, firing,
-                         firing_budgets);
-    if (firing.empty()) return;
-
     auto& qs = round_.queries;
     auto& qpos = round_.query_position;
     qs.clear();
@@ -390,23 +320,22 @@ class schedule::evict::state : public detail::one_tier<Store> {
     auto& frozen = round_.frozen;  // [firing * kv_heads] final prefix of each head-sequence
     frozen.clear();
     for (const int r : firing) {
-      for (int h = 0; h < sh.kv_heads; ++h) frozen.push_back(frozen_[sh.sequence(r, layer, h)]);
+      for (int h = 0; h < sh.kv_heads; ++h) frozen.push_back(frozen_all[sh.sequence(r, layer, h)]);
     }
     score_input<Store> in{&store, layer, event, firing, qs, qpos, frozen};
     parts.scorer.score(in, scores_);
     // The selector throws before any store is touched; a freezing one advances `frozen`.
     if constexpr (selector_hooks.freeze) {
-      refreshes_ += parts.selector.select(scores_, firing_budgets, kept_, std::span<int>(frozen));
+      this->refreshes_ += parts.selector.select(scores_, firing_budgets, kept_, std::span<int>(frozen));
       for (std::size_t i = 0; i < firing.size(); ++i) {
         for (int h = 0; h < sh.kv_heads; ++h) {
-          frozen_[sh.sequence(firing[i], layer, h)] = frozen[i * sh.kv_heads + h];
+          frozen_all[sh.sequence(firing[i], layer, h)] = frozen[i * sh.kv_heads + h];
         }
       }
     } else {
       parts.selector.select(scores_, firing_budgets, kept_);
-      ++refreshes_;
+      ++this->refreshes_;
     }
-    layer_budgets_[layer] = firing_budgets.empty() ? -1 : firing_budgets.front();
     for (std::size_t i = 0; i < firing.size(); ++i) {
       bool shrinks = false;
       for (int h = 0; h < sh.kv_heads; ++h) {
@@ -435,24 +364,156 @@ class schedule::evict::state : public detail::one_tier<Store> {
       for (const auto& rv : revisions_) {
         store.retain(rv.request, rv.layer, rv.kept);
         if constexpr (scorer_hooks.compact) parts.scorer.compact(store, rv.request, rv.layer, rv.kept);
-        if (rv.request == firing.front()) layer_budgets_[rv.layer] = rv.budget;
+        if (rv.request == firing.front()) this->layer_budgets_[rv.layer] = rv.budget;
       }
     }
   }
 
-  std::vector<int> frozen_;  // [requests * layers * kv_heads] final prefix length
+ private:
   score_sets scores_;
-  std::vector<int> budgets_;
   index_sets kept_;
   std::vector<budget_revision> revisions_;  // a progressive budgeter's orders after a round
-  std::vector<int> batch_, lengths_;        // scratch: after_attention's batch, a round's lengths
   struct {
-    std::vector<int> firing, budgets, frozen;
+    std::vector<int> frozen;
     std::vector<kv_view<const float, nhd>> queries;
     std::vector<std::int32_t> query_position;
     index_sets kept;  // one request's kept sets, handed to retain
-  } round_;  // scratch of compress(): the firing requests, their budgets, queries and kept sets
+  } round_;  // scratch of round(): the firing requests' queries, frozen prefixes and kept sets
   mutable attention::plan_weights weights_;  // the pending step's attention (attention_weights)
+};
+
+}  // namespace detail
+
+// The one body of the evict schedule, for every exec: the checks, the order of appends, rounds
+// and history, and which requests a round takes (the trigger). What a round computes, where the
+// queries live and how a step is planned are the content half's (detail::evict_content).
+template <class Store, class Recipe>
+class schedule::evict::state : public detail::evict_content<Store, Recipe> {
+  using content = detail::evict_content<Store, Recipe>;
+  using T = typename Store::element_type;
+  using Scorer = typename Recipe::scorer;
+  using Selector = typename Recipe::selector;
+  using Budgeter = typename Recipe::budgeter;
+  using chunk = typename content::chunk_type;
+  static constexpr hooks selector_hooks = hooks_of<Selector>;
+
+ public:
+  // A selector that declares `keeps_everything` (full KV) makes every round a no-op: none runs.
+  static constexpr bool compresses = !requires { requires Selector::keeps_everything; };
+  template <class R>
+  static constexpr capabilities caps{
+      .changes_physical_length = compresses,
+      .safe_with_shared_prefix = !compresses,
+      .needs_queries = R::scorer::needs_queries,
+      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
+      .speculative_decoding = false,
+  };
+  static constexpr bool after_attention_reads_queries = Scorer::needs_queries;
+
+  template <class M>
+  explicit state(const M& m)
+      : content(m),
+        frozen_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers *
+                    m.store().shape().kv_heads, 0) {}
+
+  // Final prefix of a head-sequence: its slots before this one are never rescored (advanced by a
+  // freezing selector, e.g. LagKV's base; 0 otherwise).
+  [[nodiscard]] int frozen(std::int64_t seq) const { return frozen_[static_cast<std::size_t>(seq)]; }
+
+  template <class M>
+  void check_chunk(const M& m, std::string_view where, int layer, const chunk& c,
+                   prefill_totals& tot) const {
+    if constexpr (Scorer::needs_queries) {
+      const int rows = detail::evict_check_queries(m, where, layer, c, this->history(m), tot);
+      this->check_history(m, where, c, rows);
+    }
+    this->check_room(m, where, layer, c, tot.added[c.request], tot.pool_pages);
+  }
+
+  // A budget that cannot hold the protected tokens is an error before anything is appended.
+  template <class M>
+  void check_prefill(const M& m, std::string_view, int layer, std::span<const chunk> chunks,
+                     const prefill_totals& tot) const {
+    if constexpr (selector_hooks.check) detail::evict_check_prefill(m, layer, chunks, tot);
+  }
+
+  template <class M>
+  void prefill(M& m, int layer, std::span<const chunk> chunks) {
+    std::vector<int> ended, between;
+    for (const auto& c : chunks) {
+      m.store().append(c.request, layer, c.keys, c.values, c.first_position);
+      if constexpr (Scorer::needs_queries) this->remember(m, layer, c);
+      (c.last ? ended : between).push_back(c.request);
+    }
+    if constexpr (compresses) {
+      if (layer >= m.parameters().dense_layers) {
+        compress(m, layer, between, lifecycle_event::prefill_chunk);
+        compress(m, layer, ended, lifecycle_event::prefill_end);
+      }
+    }
+    // The prompt's queries have served its round (H2O buffers all of them, as large as the
+    // uncompressed cache): free them; decode-time scoring uses decode queries.
+    for (const int r : ended) this->forget(m, layer, r);
+  }
+
+  template <class M>
+  void check_decode(const M& m, std::string_view where, int layer,
+                    std::span<const decode_token<T>> tokens) const {
+    this->check_decode_room(m, where, layer, tokens);
+    if constexpr (compresses && selector_hooks.check) {
+      detail::evict_check_decode(m, layer, tokens, this->steps_,
+                                 [&](std::int64_t seq) { return frozen_[seq]; });
+    }
+  }
+
+  template <class M>
+  void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
+    if (layer < m.parameters().dense_layers) return;
+    if constexpr (hooks_of<Scorer>.observe) this->observe(m, layer, tokens);
+    batch_.clear();
+    for (const auto& t : tokens) {
+      // A scorer reading every query (H2O, window -1) follows decode through observe(): keeping
+      // each decode query too would grow a buffer by q_heads * d floats per step, unused.
+      if constexpr (Scorer::needs_queries) {
+        if (m.parts().scorer.query_window() > 0) this->remember_step(m, layer, t);
+      }
+      batch_.push_back(t.request);
+    }
+    if constexpr (compresses) compress(m, layer, batch_, lifecycle_event::decode_step);
+  }
+
+  template <class M>
+  void reset(M& m, int request) {
+    const auto& sh = m.store().shape();
+    m.store().reset(request);
+    this->reset_steps(m, request);
+    for (int l = 0; l < sh.layers; ++l) {
+      for (int h = 0; h < sh.kv_heads; ++h) frozen_[sh.sequence(request, l, h)] = 0;
+    }
+    this->forget_request(m, request);
+    if constexpr (hooks_of<Budgeter>.reset) m.parts().budgeter.reset(request);
+  }
+
+  template <class M>
+  void stats(const M&, method_stats& s) const { this->fill_stats(s); }
+
+ private:
+  // One round for `requests` of `layer`: those whose trigger fires, their budgets, then the
+  // content half's score, select and retain.
+  template <class M>
+  void compress(M& m, int layer, const std::vector<int>& requests, lifecycle_event event) {
+    if (requests.empty()) return;
+    detail::evict_firing(m, layer, requests, event, this->steps_,
+                         [&](std::int64_t seq) { return frozen_[seq]; }, lengths_, budgets_, firing_,
+                         firing_budgets_);
+    if (firing_.empty()) return;
+    this->layer_budgets_[layer] = firing_budgets_.front();
+    this->round(m, layer, event, firing_, firing_budgets_, frozen_);
+  }
+
+  std::vector<int> frozen_;  // [requests * layers * kv_heads] final prefix length
+  // scratch: after_attention's batch; a round's lengths, budgets, firing requests and theirs
+  std::vector<int> batch_, lengths_, budgets_, firing_, firing_budgets_;
 };
 
 }  // namespace kvsift

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::speculative — two tiers (store::tiered + transfer::async): select one token ahead,
+// schedule::speculative — two tiers (store::tiered + its transfer_type): select one token ahead,
 // recall in the background, correct the heads whose query moved (FreeKV; METHODS.md "FreeKV",
 // SPEC method.freekv.decode). Parts: a page scorer and selector over the candidate domain
 // domain::pool_pages (every host-pool page, one token ahead) and the data trigger
@@ -57,6 +57,7 @@ class schedule::speculative::state {
                 "query: compose it with a data trigger that has observe(key, q, group, d) and "
                 "forget(key) (trigger::query_cosine)");
   using T = typename Store::element_type;
+  using xfer_type = typename Store::transfer_type;  // the store's Transfer slot
   using pages_t = std::vector<std::vector<std::int32_t>>;  // [kv_heads] ascending pages
   struct decision {
     int tokens = 0;  // the layout the selection was made for
@@ -76,7 +77,7 @@ class schedule::speculative::state {
 
   template <class M>
   explicit state(const M& m)
-      : xfer_(std::make_unique<transfer::async<T>>()),
+      : xfer_(std::make_unique<xfer_type>()),
         pending_(static_cast<std::size_t>(m.store().requests()) * m.store().shape().layers,
                  static_cast<std::size_t>(m.store().requests()) * m.store().shape().sequences_per_request(),
                  detail::far_policy_of(m.parameters())),
@@ -88,7 +89,7 @@ class schedule::speculative::state {
   }
   state(state&&) noexcept = default;
 
-  [[nodiscard]] transfer::async<T>& transfer() { return *xfer_; }
+  [[nodiscard]] xfer_type& transfer() { return *xfer_; }
   [[nodiscard]] int steps(std::size_t slot) const { return steps_[slot]; }
   // Per segment of the last plan: 1 when that KV head was corrected (selected with q_t from step
   // 2 on), 0 otherwise (step 1, speculative reuse, dense layers).
@@ -381,7 +382,7 @@ class schedule::speculative::state {
     }
   }
 
-  std::unique_ptr<transfer::async<T>> xfer_;  // a worker thread: held by pointer (the method moves)
+  std::unique_ptr<xfer_type> xfer_;  // a worker thread: held by pointer (the method moves)
   detail::pending_recalls<T, decision> pending_;  // per (request, layer): the selection for t+1
   std::vector<int> steps_;                        // [requests * layers]
   std::int64_t refreshes_ = 0;

@@ -55,6 +55,12 @@ namespace kvsift::detail {
 
 template <Element T, class Decision>
 class pending_recalls {
+  // the store's Transfer slot: every recall goes through it
+  using xfer_type = typename store::tiered<T>::transfer_type;
+  static_assert(RecallTransfer<xfer_type, store::tiered<T>>,
+                "kvsift: a two-tier store's transfer_type recalls through submit/ready/wait/"
+                "release/cancel/stats (RecallTransfer, concepts.hpp)");
+
  public:
   struct target {
     std::int64_t seq = 0;
@@ -109,7 +115,7 @@ class pending_recalls {
   }
 
   [[nodiscard]] bool has(std::size_t key) const { return slots_[key].active; }
-  [[nodiscard]] bool in_flight(const transfer::async<T>& x, std::size_t key) const {
+  [[nodiscard]] bool in_flight(const xfer_type& x, std::size_t key) const {
     return slots_[key].active && slots_[key].ticket != 0 && !x.ready(slots_[key].ticket);
   }
   // Rows the pending recall of `key` brings (0 when none or nothing to fetch).
@@ -124,7 +130,7 @@ class pending_recalls {
   // apply in order. Positions must be in the host pool. A submit that throws leaves no pending
   // decision (the method's state is unchanged).
   template <class Commit>
-  void submit(transfer::async<T>& x, store::tiered<T>& st, std::size_t key, std::vector<target> targets,
+  void submit(xfer_type& x, store::tiered<T>& st, std::size_t key, std::vector<target> targets,
               Decision decision, Commit&& commit) {
     if (slots_[key].active) complete(x, st, key, commit);
     std::vector<transfer::recall_request> what;
@@ -151,7 +157,7 @@ class pending_recalls {
   // failed recall throws kvsift::error with the store and the method's state unchanged (the
   // decision is dropped, never committed).
   template <class Commit>
-  void complete(transfer::async<T>& x, store::tiered<T>& st, std::size_t key, Commit&& commit) {
+  void complete(xfer_type& x, store::tiered<T>& st, std::size_t key, Commit&& commit) {
     auto& s = slots_[key];
     if (!s.active) return;
     s.active = false;
@@ -178,7 +184,7 @@ class pending_recalls {
   }
 
   // Drops the pending decision of `key` (the store is unchanged).
-  void cancel(transfer::async<T>& x, std::size_t key) {
+  void cancel(xfer_type& x, std::size_t key) {
     auto& s = slots_[key];
     if (s.active && s.ticket != 0) x.cancel(s.ticket);
     s = {};
@@ -190,7 +196,7 @@ class pending_recalls {
   // kept row must be resident), releases the recall, then calls commit(decision). A failed
   // recall throws like complete() (the landing released, the decision dropped).
   template <class Keep, class Commit>
-  void complete_part(transfer::async<T>& x, store::tiered<T>& st, std::size_t key, Keep&& keep,
+  void complete_part(xfer_type& x, store::tiered<T>& st, std::size_t key, Keep&& keep,
                      Commit&& commit) {
     auto& s = slots_[key];
     if (!s.active) return;
@@ -226,7 +232,7 @@ class pending_recalls {
   // Drops the pending decision of `key` without waiting for its recall: a finished recall is
   // released now, a running one runs to its end and is released by a later sweep() (a step
   // that corrects never blocks on a copy it discards). The store is unchanged.
-  void discard(transfer::async<T>& x, std::size_t key) {
+  void discard(xfer_type& x, std::size_t key) {
     auto& s = slots_[key];
     if (s.active && s.ticket != 0) {
       if (x.ready(s.ticket)) {
@@ -238,7 +244,7 @@ class pending_recalls {
     s = {};
   }
   // Releases the discarded recalls that finished.
-  void sweep(transfer::async<T>& x) {
+  void sweep(xfer_type& x) {
     std::erase_if(discarded_, [&](auto tk) {
       if (!x.ready(tk)) return false;
       x.release(tk);
@@ -246,7 +252,7 @@ class pending_recalls {
     });
   }
   // Cancels every discarded recall still held (a reset: none may read a pool being reset).
-  void cancel_discarded(transfer::async<T>& x) {
+  void cancel_discarded(xfer_type& x) {
     for (const auto tk : discarded_) x.cancel(tk);
     discarded_.clear();
   }
@@ -255,7 +261,7 @@ class pending_recalls {
  private:
   struct slot {
     bool active = false;
-    typename transfer::async<T>::ticket ticket = 0;  // 0: nothing to fetch
+    typename xfer_type::ticket ticket = 0;  // 0: nothing to fetch
     std::vector<target> targets;
     Decision decision{};
     std::int64_t rows = 0;
@@ -269,7 +275,7 @@ class pending_recalls {
     return out;
   }
   std::vector<slot> slots_;
-  std::vector<typename transfer::async<T>::ticket> discarded_;  // discard()ed, still running
+  std::vector<typename xfer_type::ticket> discarded_;  // discard()ed, still running
   std::vector<std::vector<std::int32_t>> far_;  // [head-sequences] under attend: far rows, ascending
   far_tier policy_ = far_tier::recall;
 };
