@@ -53,8 +53,8 @@ box(300, 266, 380, 40, ["two-tier recipes add: roles/ (SyncKV, HeteroCache),",
 box(20, 250, 250, 100, ["Schedule state  (method/schedule/)", "evict: a round where the trigger fires",
                         "sparse_read: select what to read (Quest)", "deferred_recall: decide at t, install t+1",
                         "speculative: select ahead, correct (FreeKV)"], fill="#eaf6ec", stroke="#2f7a3d")
-box(710, 250, 250, 100, ["device states  (device/)", "the same schedules, chosen by", "a device store (thrust::...)",
-                         "on exec::sim or exec::cuda:", "no allocation, no read-back per step"], fill="#eaf6ec",
+box(710, 250, 250, 100, ["device halves  (device/)", "evict, sparse_read: content halves", "of the one body; two-tier: states",
+                         "over a device store, exec::sim|cuda:", "no allocation, no read-back per step"], fill="#eaf6ec",
     stroke="#2f7a3d")
 arrow(300, 170, 200, 250)
 arrow(680, 170, 800, 250)
