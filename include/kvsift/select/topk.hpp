@@ -75,7 +75,7 @@ struct topk {
   }
 
   // The shape half of a round: what each segment keeps, from its length and budget alone (host
-  // arithmetic, the same for every exec: select() below and the device state's
+  // arithmetic, the same for every exec: select() below and the evict schedule's device half's
   // thrust::segmented_topk read it). counts[s] = min(B, n); windows[s] the protected recent
   // window where the segment is over its budget (0 where it keeps everything).
   struct shape {

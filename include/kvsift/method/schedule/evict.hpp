@@ -70,7 +70,7 @@ int evict_query_rows(const M& m, int layer, const Chunk& c, const History& histo
 
 // A chunk's queries for the scorer: every prompt query (a scorer reading all of them) or the
 // chunk's newest ones, and on the prompt's last chunk enough newest queries for the scorer's
-// window, counting what `history` (method's query_history, or a device state's) buffered and what
+// window, counting what `history` (method's query_history, or the device half's) buffered and what
 // the call's earlier chunks of the request add (tot). Returns the rows buffered after c.
 template <class M, class Chunk, class History>
 int evict_check_queries(const M& m, std::string_view where, int layer, const Chunk& c,
