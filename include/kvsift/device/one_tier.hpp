@@ -3,13 +3,13 @@
 
 // What the one-tier schedules' device content halves share (device/evict.hpp,
 // device/sparse_read.hpp), as detail::one_tier is for their host halves: a decode step over a
-// device one-tier store (thrust::dense_store or thrust::paged_store: thrust::DeviceOneTierStore)
-// on a device exec. The host appends each request's token through the store (a device copy), builds the step's
-// descriptor from shapes (each request's local CSR of tokens and of the plan, its query
-// position, the batch) and uploads it (counted host-to-device writes); the plan (slots and
-// original positions) and the library's attention run on the device, reading rows through the
-// store's head_rows() (strided, or through a page table). Every buffer is allocated once, at
-// construction, for the store's requests and capacity.
+// device one-tier store (thrust::dense_store or thrust::paged_store: thrust::DeviceOneTierStore) on
+// a device exec. The host appends each request's token through the store (a device copy), builds
+// the step's descriptor from shapes (each request's local CSR of tokens and of the plan, its query
+// position, the batch) and uploads it (counted host-to-device writes); the plan (slots and original
+// positions) and the library's attention run on the device, reading rows through the store's
+// head_rows() (strided, or through a page table). Every buffer is allocated once, at construction,
+// for the store's requests and capacity.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>

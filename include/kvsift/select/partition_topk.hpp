@@ -57,8 +57,8 @@ struct partition_topk {
 
   // The shape half of a round: each segment's layout from its length n and frozen prefix F alone
   // (host arithmetic, the same for every exec: select() below and the evict schedule's device
-  // half's descriptors read it). bases[s] = min(max(F, sink), n); parts[s] =
-  // floor((n - base) / lag) full partitions; scored(s) = parts - 1 of them compressed where parts >= 2 (else none);
+  // half's descriptors read it). bases[s] = min(max(F, sink), n); parts[s] = floor((n - base) /
+  // lag) full partitions; scored(s) = parts - 1 of them compressed where parts >= 2 (else none);
   // counts[s] = n - scored(s) (lag - k) kept; frozen_after[s] = base + scored(s) k where a
   // partition is scored (else F); rounds = max scored(s), the recursion's rounds the call runs.
   struct shape {
