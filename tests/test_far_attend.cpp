@@ -5,7 +5,8 @@
 // positions), their attention equals recall's within 2e-5 relative (two partials merged by
 // log-sum-exp against one softmax over the union), nothing is recalled (bytes_transferred 0) and
 // the far rows are counted; ragged batches of two requests with two-chunk prompts; a reset while
-// far rows are held. The device execs refuse the policy (tests/thrust/test_device_{synckv,freekv}.cpp).
+// far rows are held. Over device memory: the [far_tier] cases of
+// tests/thrust/test_device_{synckv,heterocache,freekv}.cpp.
 
 #include "request_tokens.hpp"
 

@@ -1347,8 +1347,8 @@ int eval(const std::vector<std::string>& args) {
         "  --far recall|attend: where SyncKV, HeteroCache and FreeKV read the host-pool rows a\n"
         "  step needs: recall copies them into the resident tier (default); attend leaves them\n"
         "  in the host pool and attends them there, merged by log-sum-exp (bytes_recalled 0;\n"
-        "  far_rows counts them). The JSON names the policy (\"far\"). Host exec and the\n"
-        "  library kernel only so far.\n"
+        "  far_rows counts them). The JSON names the policy (\"far\"). Every --exec; with\n"
+        "  --kernel library only (the engine's kernel reads the resident rows only).\n"
         "  Fidelity (table and JSON): each prompt is also decoded through the engine's full_cache;\n"
         "  att.err is the relative L2 error of each layer's attention output against it (mean over\n"
         "  layers and over the decode steps whose tokens so far equal the full cache's), KL the\n"
@@ -1427,8 +1427,6 @@ int eval(const std::vector<std::string>& args) {
             "recall (copy the host-pool rows a step needs into the resident tier) or attend "
             "(attend them in the host pool, merged by log-sum-exp)");
     o.far = far == "attend" ? kvsift::far_tier::attend : kvsift::far_tier::recall;
-    require(o.far == kvsift::far_tier::recall || o.exec == "host", "kvsift eval", "--far", far,
-            "recall with --exec " + o.exec + ": attend runs on the host exec only so far");
     require(o.far == kvsift::far_tier::recall || o.kernel == ex::attention_kernel::library,
             "kvsift eval", "--far", far,
             "recall with --kernel engine: the engine's kernel reads the resident rows only (use "

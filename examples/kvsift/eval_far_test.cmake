@@ -2,8 +2,9 @@
 # ctest cli.eval_far: `kvsift eval --far attend` against `--far recall` on the first passkey and
 # chain prompt of recall-8kv (SyncKV, HeteroCache, FreeKV at a resident share of 0.75): the same outputs;
 # every item recalls nothing under attend and reads its host-pool rows where they lie (far_rows)
-# exactly where recall moved bytes; the JSON names the policy of the call and of each run; a bad
-# --far, and attend with a device exec or the engine's kernel, are refused naming --far.
+# exactly where recall moved bytes; the JSON names the policy of the call and of each run; over
+# device memory (--exec thrust-cpp) attend gives the host's outputs and far rows, 0 bytes
+# recalled; a bad --far, and attend with the engine's kernel, are refused naming --far.
 # Run as: cmake -DKVSIFT=<kvsift binary> -DSRC=<source dir> -DWORK=<scratch dir> -P eval_far_test.cmake
 file(MAKE_DIRECTORY ${WORK})
 set(methods synckv,heterocache,freekv)
@@ -22,7 +23,7 @@ foreach(far recall attend)
   endif()
 endforeach()
 
-foreach(bad "--far;sideways" "--far;attend;--exec;thrust-cpp" "--far;attend;--kernel;engine")
+foreach(bad "--far;sideways" "--far;attend;--kernel;engine")
   execute_process(COMMAND ${KVSIFT} eval --model ${SRC}/data/recall-8kv --limit 1 ${bad}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(rc EQUAL 0 OR NOT err MATCHES "--far")
@@ -30,8 +31,17 @@ foreach(bad "--far;sideways" "--far;attend;--exec;thrust-cpp" "--far;attend;--ke
   endif()
 endforeach()
 
+execute_process(COMMAND ${KVSIFT} eval --model ${SRC}/data/recall-8kv --limit 1 --methods ${methods}
+                        --budgets 0.75 --far attend --exec thrust-cpp --json-out ${WORK}/device.json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "kvsift eval --far attend --exec thrust-cpp failed (${rc}):\n${out}\n${err}")
+endif()
+file(READ ${WORK}/device.json json_device)
+
 set(r "${json_recall}")
 set(a "${json_attend}")
+set(dv "${json_device}")
 string(JSON runs LENGTH "${r}" runs)
 math(EXPR last "${runs} - 1")
 set(moved 0)
@@ -62,6 +72,13 @@ foreach(i RANGE ${last})
     endif()
     if(bytes_r GREATER 0)
       math(EXPR moved "${moved} + 1")
+    endif()
+    string(JSON out_d GET "${dv}" runs ${i} items ${k} output)
+    string(JSON bytes_d GET "${dv}" runs ${i} items ${k} bytes_recalled)
+    string(JSON rows_d GET "${dv}" runs ${i} items ${k} far_rows)
+    if(NOT out_d STREQUAL out_a OR NOT bytes_d EQUAL 0 OR NOT rows_d EQUAL rows_a)
+      message(FATAL_ERROR "${method} item ${k} over device memory: output '${out_d}', ${bytes_d} "
+                          "bytes recalled, ${rows_d} far rows; on the host '${out_a}', 0, ${rows_a}")
     endif()
   endforeach()
 endforeach()

@@ -16,6 +16,8 @@
 // kvsift::error and leaves the store (and the method) as they were; a device tier too small for
 // a call's chunks or a step's working set is refused before anything changes.
 
+#include "../plan_reads.hpp"
+
 #include <kvsift/device/erased.hpp>
 #include <kvsift/device/speculative.hpp>
 #include <kvsift/method/freekv.hpp>
@@ -133,9 +135,11 @@ struct freekv_wider : kvsift::freekv_recipe {
 };
 
 template <class T, class E, class Recipe = kvsift::freekv_recipe>
-void run_pair(std::uint32_t seed, int dense_layers) {
-  const auto params = params_of(dense_layers);
-  INFO("seed " << seed << " dense_layers " << dense_layers);
+void run_pair(std::uint32_t seed, int dense_layers, kvsift::far_tier far = kvsift::far_tier::recall) {
+  auto params = params_of(dense_layers);
+  params.far = far;
+  const bool attend = far == kvsift::far_tier::attend;
+  INFO("seed " << seed << " dense_layers " << dense_layers << " far " << kvsift::to_string(far));
   sim_arena engine_arena, arena;
   const E engine{engine_arena}, e{arena};
   std::mt19937 rng(seed);
@@ -193,7 +197,7 @@ void run_pair(std::uint32_t seed, int dense_layers) {
       hm.reset(1);
       dm.reset(1);
       prefill(1, 12 + static_cast<int>(rng() % 30), rng() % 3 != 0);
-      check_working_sets(hs, ds);
+      if (!attend) check_working_sets(hs, ds);  // attend: the host's far rows are not resident
     }
     std::vector<int> batch(requests);
     std::iota(batch.begin(), batch.end(), 0);
@@ -238,8 +242,9 @@ void run_pair(std::uint32_t seed, int dense_layers) {
         CHECK(after.d2h_reads == before.d2h_reads);
       }
       REQUIRE(plan_requests == hp.requests);
-      REQUIRE(plan_offsets == offsets_of(hp.positions));
-      CHECK(positions == values_of(hp.positions));
+      const auto want = kvsift_test::reads_of(hp);  // resident and far rows (attend)
+      REQUIRE(plan_offsets == want.offsets);
+      CHECK(positions == want.positions);
       REQUIRE(page_offsets == offsets_of(hp.pages));
       CHECK(pages == values_of(hp.pages));
       const auto& flags = dm.corrections();  // read back, outside the step
@@ -258,9 +263,13 @@ void run_pair(std::uint32_t seed, int dense_layers) {
         worst = std::max(worst, std::abs(od[j] - out_h[j]) / (1.0f + std::abs(out_h[j])));
       }
       CHECK(worst <= 2e-5f);
-      CHECK(ds.resident_tokens() == hs.resident_tokens());
+      if (attend) {  // far rows hold device slots (no bytes), host far rows none
+        CHECK(ds.resident_tokens() >= hs.resident_tokens());
+      } else {
+        CHECK(ds.resident_tokens() == hs.resident_tokens());
+      }
     }
-    check_working_sets(hs, ds);
+    if (!attend) check_working_sets(hs, ds);
     CHECK(dm.corrections_made() == hm.corrections_made());
     CHECK(dm.stats().layer_budgets == hm.stats().layer_budgets);
     CHECK(hm.stats().layer_budgets.back() == hm.parts().budgeter.p.tokens);  // the recipe's
@@ -271,8 +280,10 @@ void run_pair(std::uint32_t seed, int dense_layers) {
   CHECK(dm.corrections_made() == corrections);
   // rows recalled: the rows installs copied into the working set, counted alike on both execs
   // (a speculation discarded by a correction, or still pending, is not counted)
-  CHECK(dm.stats().bytes_transferred > 0);
+  CHECK((dm.stats().bytes_transferred > 0) == !attend);  // attend reads them where they lie
   CHECK(dm.stats().bytes_transferred == hm.stats().bytes_transferred);
+  CHECK((dm.stats().far_rows > 0) == attend);
+  CHECK(dm.stats().far_rows == hm.stats().far_rows);
   CHECK(dm.stats().stalls == 0);
   ds.check();
   ds.verify();
@@ -355,6 +366,16 @@ TEMPLATE_LIST_TEST_CASE("device freekv: method<thrust::tiered_store> on exec::si
       SECTION("f16" + tag) { run_pair<kvsift::half, E>(seed, dense_layers); }
     }
   }
+}
+
+// far_tier::attend over device memory: the pages a step needs stay in the pool; every plan reads
+// the host's rows (resident and far), the merged attention equals the host's merged attention,
+// nothing is recalled and the far rows counted are the host's.
+TEMPLATE_LIST_TEST_CASE("device freekv: far attend reads the pool where it lies, as on the host",
+                        "[thrust][method][freekv][far_tier]", device_execs) {
+  using E = TestType;
+  SECTION("f32 dense 0") { run_pair<float, E>(61u, 0, kvsift::far_tier::attend); }
+  SECTION("bf16 dense 1") { run_pair<kvsift::bfloat16, E>(62u, 1, kvsift::far_tier::attend); }
 }
 
 TEMPLATE_LIST_TEST_CASE("device freekv: a recipe with its own budgeter equals exec::host",
@@ -466,11 +487,6 @@ TEMPLATE_LIST_TEST_CASE("device freekv: bad input throws and leaves the store un
   bad.budget = 8;
   REQUIRE_THROWS_WITH((kvsift::freekv<float, E>(s.ds, bad)),
                       Catch::Matchers::ContainsSubstring("budget"));
-  // the far-tier policy attend runs on exec::host only so far
-  auto far = p;
-  far.far = kvsift::far_tier::attend;
-  REQUIRE_THROWS_WITH((kvsift::freekv<float, E>(s.ds, far)),
-                      Catch::Matchers::ContainsSubstring("params.far"));
   CHECK(s.ds.resident_tokens() == resident);
   CHECK(s.ds.host_length(0, 0) == pool);
   CHECK(s.dm.stats().refreshes == before.refreshes);

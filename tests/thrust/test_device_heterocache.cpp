@@ -16,6 +16,8 @@
 // And: a recorded retrieval that is not installed leaves the satellites' old (stale) rows; bad
 // input is a kvsift::error naming the argument, and leaves the store unchanged.
 
+#include "../plan_reads.hpp"
+
 #include <kvsift/device/deferred_recall_stars.hpp>
 #include <kvsift/method/heterocache.hpp>
 #include <kvsift/store/tiered.hpp>
@@ -130,10 +132,13 @@ kvsift::heterocache_recipe::params fixed_params_of(int window, double tau_drift)
 }
 
 template <class T, class E>
-void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
-  const auto params = fixed ? fixed_params_of(window, tau) : params_of(window, tau);
+void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false,
+              kvsift::far_tier far = kvsift::far_tier::recall) {
+  auto params = fixed ? fixed_params_of(window, tau) : params_of(window, tau);
+  params.far = far;
+  const bool attend = far == kvsift::far_tier::attend;
   INFO("window " << window << " tau " << tau << " seed " << seed
-                 << (fixed ? " fixed budgets" : ""));
+                 << (fixed ? " fixed budgets" : "") << " far " << kvsift::to_string(far));
   sim_arena engine_arena, arena;
   const E engine{engine_arena}, e{arena};
   std::mt19937 rng(seed);
@@ -230,10 +235,9 @@ void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
         CHECK(after.d2h_reads == before.d2h_reads);
       }
       REQUIRE(plan_requests == hp.requests);
-      REQUIRE(plan_offsets ==
-              std::vector<std::int32_t>(hp.positions.offsets.begin(), hp.positions.offsets.end()));
-      CHECK(positions ==
-            std::vector<std::int32_t>(hp.positions.values.begin(), hp.positions.values.end()));
+      const auto want = kvsift_test::reads_of(hp);  // resident and far rows (attend)
+      REQUIRE(plan_offsets == want.offsets);
+      CHECK(positions == want.positions);
       for (const int r : batch) {
         CHECK(dm.step(r, l) == hm.step(r, l));
         CHECK(dm.prompt_end(r, l) == hm.prompt_end(r, l));
@@ -245,7 +249,11 @@ void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
         worst = std::max(worst, std::abs(od[j] - out_h[j]) / (1.0f + std::abs(out_h[j])));
       }
       CHECK(worst <= 2e-5f);
-      CHECK(ds.resident_tokens() == hs.resident_tokens());
+      if (attend) {  // far rows hold device slots (no bytes), host far rows none
+        CHECK(ds.resident_tokens() >= hs.resident_tokens());
+      } else {
+        CHECK(ds.resident_tokens() == hs.resident_tokens());
+      }
     }
     CHECK(dm.stats().layer_budgets == hm.stats().layer_budgets);
     CHECK(dm.stats().refreshes == hm.stats().refreshes);
@@ -259,11 +267,13 @@ void run_pair(int window, double tau, std::uint32_t seed, bool fixed = false) {
   CHECK(dd.drift_checks > 0);
   CHECK(dd.drift_events > 0);
   CHECK(dd.drift_events < dd.drift_checks);
-  CHECK(dd.rows_recalled > 0);
+  CHECK((dd.rows_recalled > 0) == !attend);  // attend asks the pool for nothing
   // the rows recalled: the rows installs copied, counted alike on both execs (a recall still
   // pending, or cancelled by reset, is counted on neither)
   CHECK(dm.stats().bytes_transferred == hm.stats().bytes_transferred);
-  CHECK(dm.stats().bytes_transferred > 0);
+  CHECK(dm.stats().far_rows == hm.stats().far_rows);
+  CHECK((dm.stats().bytes_transferred > 0) == !attend);  // attend reads them where they lie
+  CHECK((dm.stats().far_rows > 0) == attend);
   ds.check();
   ds.verify();
 }
@@ -351,6 +361,17 @@ TEMPLATE_LIST_TEST_CASE(
       }
     }
   }
+}
+
+// far_tier::attend over device memory: the satellites' retrieved rows stay in the pool; every
+// plan reads the host's rows (resident and far), the merged attention equals the host's merged
+// attention, nothing is recalled and the far rows counted are the host's.
+TEMPLATE_LIST_TEST_CASE("device heterocache: far attend reads the pool where it lies, as on the host",
+                        "[thrust][method][heterocache][far_tier]", device_execs) {
+  using E = TestType;
+  SECTION("f32") { run_pair<float, E>(2, 0.5, 51u, false, kvsift::far_tier::attend); }
+  SECTION("bf16") { run_pair<kvsift::bfloat16, E>(3, 0.5, 52u, false, kvsift::far_tier::attend); }
+  SECTION("fixed budgets") { run_pair<float, E>(2, 0.3, 53u, true, kvsift::far_tier::attend); }
 }
 
 TEMPLATE_LIST_TEST_CASE("device heterocache: fixed budgets, as on the host",

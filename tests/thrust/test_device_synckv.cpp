@@ -12,6 +12,8 @@
 //            or not, allocates nothing and reads nothing back (exec::sim's counters).
 // And: a recorded recall that is not installed leaves the followers' old (stale) rows.
 
+#include "../plan_reads.hpp"
+
 #include <kvsift/device/all.hpp>
 #include <kvsift/device/deferred_recall.hpp>
 #include <kvsift/method/synckv.hpp>
@@ -96,9 +98,12 @@ std::vector<U> peek(const U* p, std::int64_t n) {
 
 template <class T, class E>
 void run_pair(int stride, std::uint32_t seed,
-              const kvsift::synckv_recipe::params& p = {}, int min_anticipations = 6) {
-  const auto params = p.roles.empty() ? params_of(stride) : p;
-  INFO("stride " << stride << " seed " << seed);
+              const kvsift::synckv_recipe::params& p = {}, int min_anticipations = 6,
+              kvsift::far_tier far = kvsift::far_tier::recall) {
+  auto params = p.roles.empty() ? params_of(stride) : p;
+  params.far = far;
+  const bool attend = far == kvsift::far_tier::attend;
+  INFO("stride " << stride << " seed " << seed << " far " << kvsift::to_string(far));
   sim_arena engine_arena, arena;
   const E engine{engine_arena}, e{arena};
   std::mt19937 rng(seed);
@@ -191,10 +196,9 @@ void run_pair(int stride, std::uint32_t seed,
         CHECK(after.d2h_reads == before.d2h_reads);
       }
       REQUIRE(plan_requests == hp.requests);
-      REQUIRE(plan_offsets == std::vector<std::int32_t>(hp.positions.offsets.begin(),
-                                                        hp.positions.offsets.end()));
-      CHECK(positions == std::vector<std::int32_t>(hp.positions.values.begin(),
-                                                   hp.positions.values.end()));
+      const auto want = kvsift_test::reads_of(hp);
+      REQUIRE(plan_offsets == want.offsets);
+      CHECK(positions == want.positions);
       for (const int r : batch) {
         CHECK(dm.anticipated(r, l) == hm.anticipated(r, l));
         CHECK(dm.recall_pending(r, l) == hm.recall_pending(r, l));
@@ -208,7 +212,11 @@ void run_pair(int stride, std::uint32_t seed,
         worst = std::max(worst, std::abs(od[j] - out_h[j]) / (1.0f + std::abs(out_h[j])));
       }
       CHECK(worst <= 2e-5f);
-      CHECK(ds.resident_tokens() == hs.resident_tokens());
+      if (attend) {  // far rows hold device slots (no bytes), host far rows none
+        CHECK(ds.resident_tokens() >= hs.resident_tokens());
+      } else {
+        CHECK(ds.resident_tokens() == hs.resident_tokens());
+      }
     }
     CHECK(dm.stats().layer_budgets == hm.stats().layer_budgets);
     CHECK(dm.stats().refreshes == hm.stats().refreshes);
@@ -217,7 +225,14 @@ void run_pair(int stride, std::uint32_t seed,
   // the rows recalled: the rows installs copied, counted alike on both execs (a recall still
   // pending, or cancelled by reset, is counted on neither)
   CHECK(dm.stats().bytes_transferred == hm.stats().bytes_transferred);
-  CHECK((dm.stats().bytes_transferred > 0) == (min_anticipations > 0));  // recalls happened
+  CHECK(dm.stats().far_rows == hm.stats().far_rows);
+  if (attend) {  // what recall would move is read where it lies
+    CHECK(dm.stats().bytes_transferred == 0);
+    CHECK((dm.stats().far_rows > 0) == (min_anticipations > 0));
+  } else {
+    CHECK((dm.stats().bytes_transferred > 0) == (min_anticipations > 0));  // recalls happened
+    CHECK(dm.stats().far_rows == 0);
+  }
   ds.check();
   ds.verify();
 }
@@ -238,6 +253,22 @@ TEMPLATE_LIST_TEST_CASE("device synckv: method<thrust::tiered_store> on exec::si
       SECTION("f16 stride " + std::to_string(stride) + " seed " + std::to_string(seed)) {
         run_pair<kvsift::half, E>(stride, seed);
       }
+    }
+  }
+}
+
+// far_tier::attend over device memory: the followers' recalled rows stay in the pool; every plan
+// reads the host's rows (resident and far), the merged attention equals the host's merged
+// attention, nothing is recalled and the far rows counted are the host's.
+TEMPLATE_LIST_TEST_CASE("device synckv: far attend reads the pool where it lies, as on the host",
+                        "[thrust][method][synckv][far_tier]", device_execs) {
+  using E = TestType;
+  for (const int stride : {2, 3}) {
+    SECTION("f32 stride " + std::to_string(stride)) {
+      run_pair<float, E>(stride, 41u + stride, {}, 6, kvsift::far_tier::attend);
+    }
+    SECTION("bf16 stride " + std::to_string(stride)) {
+      run_pair<kvsift::bfloat16, E>(stride, 43u + stride, {}, 6, kvsift::far_tier::attend);
     }
   }
 }
@@ -269,9 +300,6 @@ TEMPLATE_LIST_TEST_CASE("device synckv: a recall not installed leaves stale rows
   kvsift::thrust::tiered_store<float, E> ds(e, one, 1, 128, 128);
   kvsift::synckv<float> hm(hs, p);
   kvsift::synckv<float, E> dm(ds, p);
-  auto far = p;  // the far-tier policy attend runs on exec::host only so far
-  far.far = kvsift::far_tier::attend;
-  REQUIRE_THROWS_WITH((kvsift::synckv<float, E>(ds, far)), Catch::Matchers::ContainsSubstring("params.far"));
   std::mt19937 rng(5);
   const int H = one.kv_heads, Q = one.q_heads, d = one.head_dim, n = 64;
   using space = typename E::memory_space;

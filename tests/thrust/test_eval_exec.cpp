@@ -13,6 +13,7 @@
 #include "../../examples/engine/eval_harness.hpp"
 #include "../../examples/engine/kvsift_cache.hpp"
 #include "../../examples/engine/llama.hpp"
+#include "../plan_reads.hpp"
 
 #include <kvsift/calibrate/roles_file.hpp>
 #include <kvsift/device/erased.hpp>
@@ -164,6 +165,58 @@ void same_answers(const fs::path& model_dir, const std::vector<fs::path>& prompt
   }
 }
 
+// `kvsift eval --far attend --exec thrust-*`: the two-tier methods under far_tier::attend give the
+// host's answers over device memory, recall nothing on either exec, count the same far rows and
+// read the same rows at the last step (the device plan lists the far rows the host keeps apart).
+template <class E>
+void same_answers_far(const fs::path& model_dir, const std::vector<fs::path>& prompt_files) {
+  const auto model = ex::llama_model::load(model_dir.string());
+  const auto items = shortest_prompts(prompt_files);
+  const auto& cfg = model.config();
+  const kvsift::calibrate::model_fingerprint fp{.layers = cfg.num_layers, .q_heads = cfg.num_q_heads,
+                                                .kv_heads = cfg.num_kv_heads, .head_dim = cfg.head_dim,
+                                                .config_hash = ""};
+  const shipped_roles roles{
+      kvsift::synckv_roles_of(
+          kvsift::calibrate::read_synckv_roles((model_dir / "roles-synckv.json").string(), fp)),
+      kvsift::heterocache_roles_of(kvsift::calibrate::read_heterocache_roles(
+          (model_dir / "roles-heterocache.json").string(), fp))};
+  constexpr auto attend = kvsift::far_tier::attend;
+  const auto host = kvsift::method_registry_far<float>(
+      with_roles(kvsift::default_method_registry<float>(), roles), attend);
+  const auto device = kvsift::method_registry_far<float>(
+      with_roles(kvsift::device::method_registry_on<float, E>(kvsift::default_method_registry<float>()),
+                 roles),
+      attend);
+  std::int64_t far_rows = 0;
+  for (const std::string name : {"synckv", "heterocache", "freekv"}) {
+    const auto options = [&](const kvsift::method_registry<float>& r) {
+      return ex::cache_options{.keep_fraction = std::nullopt, .roles_file = {},
+                               .match_resident = true, .registry = &r};
+    };
+    ex::kvsift_cache on_host(name, fraction_of(name), options(host));
+    ex::kvsift_cache on_device(name, fraction_of(name), options(device));
+    for (const auto& item : items) {
+      INFO(model_dir.filename().string() << " " << name << " " << item.id << " on " << E::name);
+      const auto h = ex::run_item(model, item, on_host);
+      const auto d = ex::run_item(model, item, on_device);
+      CHECK(d.output == h.output);
+      CHECK(on_host.stats().bytes_transferred == 0);
+      CHECK(on_device.stats().bytes_transferred == 0);
+      CHECK(on_device.stats().far_rows == on_host.stats().far_rows);
+      CHECK(on_device.stats().refreshes == on_host.stats().refreshes);
+      CHECK(on_device.attended_tokens() == on_host.attended_tokens());
+      far_rows += on_host.stats().far_rows;
+      REQUIRE(on_host.last_plan() != nullptr);
+      REQUIRE(on_device.last_plan() != nullptr);
+      const auto want = kvsift_test::reads_of(*on_host.last_plan());
+      CHECK(on_device.last_plan()->positions.values == want.positions);
+      CHECK(on_device.last_plan()->positions.offsets == want.offsets);
+    }
+  }
+  CHECK(far_rows > 0);  // the case reads rows where they lie
+}
+
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("eval --exec: tiny-recall answers on the simulated device equal the host's",
@@ -179,6 +232,14 @@ TEMPLATE_LIST_TEST_CASE("eval --exec: recall-8kv answers on the simulated device
                          {source_dir / "data/eval/recall-8kv/passkey.jsonl",
                           source_dir / "data/eval/recall-8kv/chain.jsonl"},
                          /*with_heterocache=*/true);
+}
+
+TEMPLATE_LIST_TEST_CASE("eval --far attend --exec: recall-8kv's two-tier answers on the simulated device "
+                        "equal the host's",
+                        "[thrust][device][eval][far_tier]", device_execs) {
+  same_answers_far<TestType>(source_dir / "data/recall-8kv",
+                             {source_dir / "data/eval/recall-8kv/passkey.jsonl",
+                              source_dir / "data/eval/recall-8kv/chain.jsonl"});
 }
 
 TEMPLATE_LIST_TEST_CASE("eval --exec: the device registry builds every built-in method and refuses others",

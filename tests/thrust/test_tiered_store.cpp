@@ -129,7 +129,8 @@ struct fixture {
     copy_to_device(e, std::span<const i32>(kept.values), idx_in);
     dev.retain(r, l, counts, idx_in.data());
   }
-  void install_dev(const std::vector<std::int64_t>& seqs, const std::vector<std::vector<i32>>& sets) {
+  void install_dev(const std::vector<std::int64_t>& seqs, const std::vector<std::vector<i32>>& sets,
+                   bool far = false) {
     std::vector<int> counts;
     std::vector<i32> flat;
     for (const auto& s : sets) {
@@ -137,7 +138,7 @@ struct fixture {
       flat.insert(flat.end(), s.begin(), s.end());
     }
     copy_to_device(e, std::span<const i32>(flat), idx_in);
-    dev.install(seqs, counts, idx_in.data());
+    dev.install(seqs, counts, idx_in.data(), far);
   }
   void install(const std::vector<std::int64_t>& seqs, const std::vector<std::vector<i32>>& sets) {
     for (std::size_t r = 0; r < seqs.size(); ++r) ref.promote(seqs[r], sets[r]);
@@ -678,4 +679,61 @@ TEMPLATE_LIST_TEST_CASE("thrust::tiered_store: attention over the unordered slot
                                  nullptr, ws.data(), ws_bytes);
   CHECK(out == want);
   CHECK(std::any_of(want.begin(), want.end(), [](float x) { return x != 0.0f; }));
+}
+
+// far_tier::attend's install (install(..., far = true)): every working set holds the positions
+// store::tiered's promote gives it, but a missing position is placed in a far slot that names its
+// pool row instead of copying it: nothing is counted in bytes_to_device, and working_rows reads
+// each plan entry's key and value as store::tiered's working set holds them (far slots from the
+// pool, resident slots from the tier). Appends after it are resident; verify() holds throughout.
+TEMPLATE_LIST_TEST_CASE("thrust::tiered_store: a far install places rows without copying; "
+                        "working_rows reads them in the pool",
+                        "[thrust][tiered_store][far_tier]", store_configs) {
+  fixture<TestType> f;
+  using T = typename TestType::T;
+  std::mt19937 rng(31);
+  const int H = f.shape.kv_heads, dd = f.shape.head_dim;
+  for (int r = 0; r < f.requests; ++r) {
+    for (int l = 0; l < f.shape.layers; ++l) {
+      const int n = 10 + static_cast<int>(rng() % 8);
+      f.append(r, l, random_rows<T>(rng, n, H, dd), random_rows<T>(rng, n, H, dd), n, 0);
+    }
+  }
+  int far_slots = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::int64_t> seqs;
+    std::vector<std::vector<i32>> sets;
+    for (std::int64_t s = 0; s < f.S; ++s) {
+      seqs.push_back(s);
+      sets.push_back(f.random_working_set(rng, s));
+      if (sets.back().size() > 16) sets.back().resize(16);  // room for the round's append
+    }
+    for (std::size_t r = 0; r < seqs.size(); ++r) f.ref.promote(seqs[r], sets[r]);
+    f.install_dev(seqs, sets, /*far=*/true);
+    CHECK(f.dev.stats().bytes_to_device == 0);  // what recall would copy stays in the pool
+    REQUIRE_NOTHROW(f.dev.verify());
+    const auto rows = f.dev.rows();
+    for (std::int64_t seq = 0; seq < f.S; ++seq) {
+      REQUIRE(f.dev.length(seq) == f.ref.length(seq));
+      for (int i = 0; i < f.ref.length(seq); ++i) {
+        const i32 slot = f.dev.plan_slots()[seq * f.tier_capacity + i];
+        REQUIRE(f.dev.plan_positions()[seq * f.tier_capacity + i] == f.ref.position(seq, i));
+        far_slots += rows.far(seq, slot) ? 1 : 0;
+        REQUIRE(std::memcmp(rows.key(seq, slot), f.ref.key(seq, i), f.row_bytes()) == 0);
+        REQUIRE(std::memcmp(rows.value(seq, slot), f.ref.value(seq, i), f.row_bytes()) == 0);
+      }
+    }
+    for (int r = 0; r < f.requests; ++r) {  // new tokens are resident, in freed slots
+      f.append(r, 0, random_rows<T>(rng, 1, H, dd), random_rows<T>(rng, 1, H, dd), 1,
+               f.ref.next_position(r, 0));
+      for (int h = 0; h < H; ++h) {
+        const auto seq = f.shape.sequence(r, 0, h);
+        const i32 slot = f.dev.plan_slots()[seq * f.tier_capacity + f.dev.length(seq) - 1];
+        CHECK_FALSE(rows.far(seq, slot));
+      }
+    }
+    REQUIRE_NOTHROW(f.dev.verify());
+  }
+  CHECK(f.ref.stats().bytes_to_device > 0);
+  CHECK(far_slots > 0);
 }

@@ -56,10 +56,11 @@
 namespace kvsift::thrust::detail {
 
 // Rows of the R-heads of (request, layer) in plan order into a [S, cap, d] layout (segment s at
-// s * cap), their positions into [S, cap]: segment s = KV head heads[s], L rows each.
+// s * cap), their positions into [S, cap]: segment s = KV head heads[s], L rows each; a far
+// slot's row read where it lies (thrust::working_rows).
 template <class T>
 struct gather_plan_rows_fn {
-  const T* tier_keys;
+  thrust::working_rows<T> rows;
   const std::int32_t* plan_slots;
   const std::int32_t* plan_positions;
   const std::int32_t* heads;  // [S] KV heads
@@ -74,7 +75,7 @@ struct gather_plan_rows_fn {
     const int j = static_cast<int>(t % L);
     const std::int64_t seq = seq0 + heads[s];
     const std::int32_t slot = plan_slots[seq * cap + j];
-    keys_out[(static_cast<std::int64_t>(s) * cap + j) * d + c] = tier_keys[(seq * cap + slot) * d + c];
+    keys_out[(static_cast<std::int64_t>(s) * cap + j) * d + c] = rows.key(seq, slot)[c];
     if (c == 0) positions_out[static_cast<std::int64_t>(s) * cap + j] = plan_positions[seq * cap + j];
   }
 };
@@ -257,8 +258,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         recall_pos_(exec_, slots_.size() * per()),
         heads_d_(exec_, static_cast<std::size_t>(layers_) * H_),
         cseg_d_(exec_, static_cast<std::size_t>(layers_) * H_),
-        step_(m.store()) {
-    detail::require_far_recall(Recipe::name, m.parameters());
+        step_(m.store(), detail::far_policy_of(m.parameters())) {
     // per layer: the representatives with followers (one segment each, cluster order) and each
     // follower's segment (roles::clusters::segments); uploaded once
     std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_) * H_, 0), cseg(heads.size(), 0);
@@ -408,6 +408,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   template <class M>
   void stats(const M& m, method_stats& s) const {
     s.bytes_transferred = m.store().stats().bytes_to_device;  // one counted read: outside steps
+    s.far_rows = step_.far_rows();
     s.refreshes = refreshes_;
     s.stalls = 0;
     s.layer_budgets = layer_budgets_;
@@ -433,7 +434,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     const std::int64_t seq0 = st.shape().sequence(request, layer, 0);
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
                          static_cast<std::int64_t>(S) * L * d_,
-                         thrust::detail::gather_plan_rows_fn<T>{st.tier_keys(), st.plan_slots(),
+                         thrust::detail::gather_plan_rows_fn<T>{st.rows(), st.plan_slots(),
                                                                 st.plan_positions(), heads, seq0, L,
                                                                 cap_, d_, keys_pk_.data(), pos_pk_.data()});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
@@ -520,7 +521,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
       seqs_.push_back(sh.sequence(request, layer, h));
       counts_.push_back(s.pending_count);
     }
-    m.store().install(seqs_, counts_, recall_pos_.data() + slot * per());
+    step_.install(m.store(), seqs_, counts_, recall_pos_.data() + slot * per());
     s.pending = false;
   }
   // The lazy copy queue: the recall recorded after the previous step, installed now.

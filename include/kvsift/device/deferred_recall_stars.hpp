@@ -170,16 +170,18 @@ struct stars_next_reference_fn {
   }
 };
 
-// The drift events and recalled rows of a check, added to counters [2] (one thread).
+// The drift events and recalled rows of a check, added to counters [2] (one thread); under
+// far_tier::attend (recalls false) nothing is recalled, as on the host.
 struct stars_count_fn {
   const std::int32_t* drift;
   int pivots;
   const std::int32_t* missing;
   int satellites;
+  bool recalls;
   std::int64_t* counters;
   KVSIFT_HOST_DEVICE void operator()(int) const {
     for (int p = 0; p < pivots; ++p) counters[0] += drift[p];
-    for (int i = 0; i < satellites; ++i) counters[1] += missing[i];
+    for (int i = 0; recalls && i < satellites; ++i) counters[1] += missing[i];
   }
 };
 
@@ -292,8 +294,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
         target_offsets_(exec_, static_cast<std::size_t>(fmax_) + 1),
         targets_(exec_, satellite_per()),
         heads_d_(exec_, static_cast<std::size_t>(layers_ + 1) * H_),
-        step_(m.store()) {
-    detail::require_far_recall(Recipe::name, m.parameters());
+        step_(m.store(), detail::far_policy_of(m.parameters())) {
     // per layer its pivots (monitored first) at l * H; every head 0..H-1 at layers * H
     std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_ + 1) * H_, 0);
     for (int l = 0; l < layers_; ++l) {
@@ -483,6 +484,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   template <class M>
   void stats(const M& m, method_stats& s) const {
     s.bytes_transferred = m.store().stats().bytes_to_device;
+    s.far_rows = step_.far_rows();
     s.refreshes = refreshes();
     s.stalls = 0;
     s.layer_budgets = layer_budgets_;
@@ -540,7 +542,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     const std::int64_t seq0 = st.shape().sequence(request, layer, 0);
     ::thrust::for_each_n(
         policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(S) * L * d_,
-        thrust::detail::gather_plan_rows_fn<T>{st.tier_keys(), st.plan_slots(), st.plan_positions(),
+        thrust::detail::gather_plan_rows_fn<T>{st.rows(), st.plan_slots(), st.plan_positions(),
                                                heads, seq0, L, cap_, d_, keys_pk_.data(),
                                                pos_pk_.data()});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), S + 1,
@@ -676,7 +678,8 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
                                         parts_.data() + slot * satellite_per(), missing_.data()});
     ::thrust::for_each_n(
         policy, ::thrust::counting_iterator<int>(0), 1,
-        thrust::detail::stars_count_fn{drift, P, missing_.data(), F, counters_.data()});
+        thrust::detail::stars_count_fn{drift, P, missing_.data(), F,
+                                       step_.far() == far_tier::recall, counters_.data()});
     checks_ += P;
     s.checked = true;
     s.recorded = true;
@@ -708,7 +711,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
           thrust::detail::stars_targets_fn{target_offsets_.data(), F,
                                            parts_.data() + slot * satellite_per(), cap_, s.steps,
                                            s.prompt_end, targets_.data()});
-      m.store().install(seqs_, counts_, targets_.data());
+      step_.install(m.store(), seqs_, counts_, targets_.data());
     }
     const std::int64_t refs = static_cast<std::int64_t>(li.monitored) * s.roles.base;
     if (refs > 0) {

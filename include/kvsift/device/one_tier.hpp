@@ -37,7 +37,9 @@ struct device_plan {
   std::vector<int> requests;          // [R] the batch, in call order
   std::vector<std::int32_t> offsets;  // [R * kv_heads + 1] host CSR of each segment's slots
   const std::int32_t* device_offsets = nullptr;  // the same CSR, E memory
-  const std::int32_t* slots = nullptr;           // [size()] E memory: store slots
+  // [size()] E memory: store slots. Over a thrust::tiered_store under far_tier::attend a slot may
+  // be far (its row lies in the pool): read slots through the store's rows() (working_rows).
+  const std::int32_t* slots = nullptr;
   const std::int32_t* positions = nullptr;       // [size()] E memory: their original positions
   // page-level methods (Quest): the selected pages per segment (every page in a dense layer)
   std::vector<std::int32_t> page_offsets;  // [R * kv_heads + 1] host CSR; empty otherwise

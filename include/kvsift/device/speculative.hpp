@@ -210,8 +210,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
         topk_ws_(exec_, thrust::segmented_topk_workspace_bytes(static_cast<std::int64_t>(H_) *
                                                                page_cap_)),
         plan_pages_(exec_, static_cast<std::size_t>(m.store().requests()) * H_ * page_cap_),
-        step_(m.store()) {
-    detail::require_far_recall(Recipe::name, m.parameters());
+        step_(m.store(), detail::far_policy_of(m.parameters())) {
     const auto policy = exec_.policy();
     std::vector<std::int32_t> window(static_cast<std::size_t>(H_) + 1, window_pages_);
     window.back() = 0;  // the padding segment protects nothing
@@ -404,6 +403,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
   template <class M>
   void stats(const M& m, method_stats& s) const {
     s.bytes_transferred = m.store().stats().bytes_to_device;
+    s.far_rows = step_.far_rows();
     s.refreshes = refreshes_ + device_counters()[1];
     s.stalls = 0;
     for (int l = 0; l < m.store().shape().layers; ++l) {
@@ -492,7 +492,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
     seqs_.clear();
     counts_.assign(static_cast<std::size_t>(H_), count);
     for (int h = 0; h < H_; ++h) seqs_.push_back(seq0 + h);
-    st.install(seqs_, counts_, positions_.data());
+    step_.install(st, seqs_, counts_, positions_.data());
   }
 
   // Step t's selection of every KV head of one request of a sparse layer (`index`: its token's

@@ -6,17 +6,29 @@
 // detail::two_tier is for their host states:
 // a prefill chunk's checks and a decode step over a thrust::tiered_store on a device exec.
 //
-//   detail::device_two_tier<T, E> step(store);        // buffers for the store's requests
+//   detail::device_two_tier<T, E> step(store, far);   // buffers for the store's requests
 //   step.check_chunk(store, where, paper, layer, chunk, totals, prompt_open);
+//   step.install(store, seqs, counts, positions);      // a state's install, under its policy
 //   step.append_and_plan(store, layer, tokens, plan);  // after the state's installs
 //   step.attend(store, layer, tokens, plan, out);
 //
 // The host appends each request's token through the store (a device copy), packs the step's plan
-// (every resident token of each KV head, ascending by position: tiered_store::plan_sorted per
-// request) and uploads the plan's CSR and the tokens' positions (counted host-to-device writes);
-// the library's attention runs over the plan on the device. Nothing is read back. Every buffer is
-// allocated once, at construction, for the store's requests and tier capacity. Cost per step:
-// one plan_sorted and one attention_over per request.
+// (every token of each KV head's working set, ascending by position: tiered_store::plan_sorted
+// per request) and uploads the plan's CSR and the tokens' positions (counted host-to-device
+// writes). Nothing is read back. Every buffer is allocated once, at construction, for the
+// store's requests and tier capacity.
+//
+// The far-tier policy (far_tier, method/lifecycle.hpp) is applied here, in the one place the three
+// device states install and attend through:
+//   recall  an install copies the missing rows from the pool into the tier; the library's
+//           attention (thrust::attention_over) runs over the plan. One attention per request.
+//   attend  an install places the missing positions in far slots and copies nothing
+//           (tiered_store::install(..., far = true)); a step attends the plan in two partials,
+//           the resident slots' rows in the tier and the far slots' rows in the pool where they
+//           lie, each with its log-sum-exp, merged exactly (max-shifted, as
+//           attention::merge_partials). The far rows read per step are counted (far_rows()).
+//           A far slot keeps the counts host shadows, so a far row reserves its slot in the tier
+//           (it holds no bytes there). Three passes per request, one thread per query head.
 
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
@@ -24,8 +36,14 @@
 #include <kvsift/method/lifecycle.hpp>
 #include <kvsift/thrust/attention.hpp>
 #include <kvsift/thrust/exec.hpp>
+#include <kvsift/thrust/math.hpp>
 #include <kvsift/thrust/tiered_store.hpp>
 
+#include <thrust/fill.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -35,14 +53,102 @@
 
 namespace kvsift::detail {
 
+// What a split partial reads: one request's step plan (its local CSR over the KV heads and its
+// slots), the store's rows slot by slot, and the token's queries [H * G, d].
+template <class T>
+struct split_part {
+  thrust::working_rows<T> rows;
+  const std::int32_t* offsets;  // [H + 1], from 0
+  const std::int32_t* slots;
+  const float* query;
+  std::int64_t seq0;  // head-sequence of KV head 0 of (request, layer)
+  int G, d;
+  float scale;
+};
+
+// One query head's partial attention over the plan rows of its KV head that lie in one tier (the
+// resident slots, or with far the far slots), in plan order, and its log-sum-exp (-inf when the
+// part is empty, out 0). The far part adds its row count to far_rows[seq] (one thread per KV
+// head). Logits in core/dot.hpp's order, the softmax's exponent of thrust/math.hpp.
+template <class T>
+struct split_partial_fn {
+  split_part<T> p;
+  bool far;
+  float* out;                // [H * G, d]
+  float* lse;                // [H * G]
+  std::int64_t* far_rows;    // [sequences] or null
+  KVSIFT_HOST_DEVICE void operator()(int row) const {
+    const int h = row / p.G;
+    const std::int64_t seq = p.seq0 + h;
+    const float* q = p.query + static_cast<std::int64_t>(row) * p.d;
+    float* o = out + static_cast<std::int64_t>(row) * p.d;
+    float top = thrust::detail::neg_inf();
+    int n = 0;
+    for (int t = p.offsets[h]; t < p.offsets[h + 1]; ++t) {
+      if (p.rows.far(seq, p.slots[t]) != far) continue;
+      const float logit = kvsift::dot(q, p.rows.key(seq, p.slots[t]), p.d) * p.scale;
+      top = logit > top ? logit : top;
+      ++n;
+    }
+    for (int c = 0; c < p.d; ++c) o[c] = 0.0f;
+    if (far && far_rows != nullptr && row % p.G == 0) far_rows[seq] += n;
+    if (n == 0) {
+      lse[row] = top;
+      return;
+    }
+    double sum = 0.0;
+    for (int t = p.offsets[h]; t < p.offsets[h + 1]; ++t) {
+      if (p.rows.far(seq, p.slots[t]) != far) continue;
+      const std::int32_t slot = p.slots[t];
+      const float w =
+          kvsift::exact_expf(kvsift::dot(q, p.rows.key(seq, slot), p.d) * p.scale - top);
+      sum += w;
+      const T* v = p.rows.value(seq, slot);
+      for (int c = 0; c < p.d; ++c) o[c] += w * to_float(v[c]);
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int c = 0; c < p.d; ++c) o[c] *= inv;
+    lse[row] = top + static_cast<float>(::log(sum));
+  }
+};
+
+// attention::merge_partials on the device, one thread per query head: the two partials weighed
+// by their log-sum-exps, shifted by the larger; an empty part (-inf) weighs 0, both empty give 0.
+struct merge_partials_fn {
+  const float* out_a;
+  const float* lse_a;
+  const float* out_b;
+  const float* lse_b;
+  float* out;
+  int d;
+  KVSIFT_HOST_DEVICE void operator()(int row) const {
+    const float none = thrust::detail::neg_inf();
+    const float la = lse_a[row], lb = lse_b[row];
+    const float top = la > lb ? la : lb;
+    float* o = out + static_cast<std::int64_t>(row) * d;
+    const float* a = out_a + static_cast<std::int64_t>(row) * d;
+    const float* b = out_b + static_cast<std::int64_t>(row) * d;
+    if (top == none) {
+      for (int c = 0; c < d; ++c) o[c] = 0.0f;
+      return;
+    }
+    const float wa = la == none ? 0.0f : kvsift::exact_expf(la - top);
+    const float wb = lb == none ? 0.0f : kvsift::exact_expf(lb - top);
+    const float inv = 1.0f / (wa + wb);
+    const float fa = wa * inv, fb = wb * inv;
+    for (int c = 0; c < d; ++c) o[c] = (fa == 0.0f ? 0.0f : fa * a[c]) + (fb == 0.0f ? 0.0f : fb * b[c]);
+  }
+};
+
 template <Element T, thrust::DeviceExec E>
 class device_two_tier {
  public:
   using Store = thrust::tiered_store<T, E>;
   using chunk_type = prefill_chunk<T, typename E::memory_space>;
 
-  explicit device_two_tier(const Store& st)
+  device_two_tier(const Store& st, far_tier far)
       : exec_(st.exec()),
+        far_(far),
         H_(st.shape().kv_heads),
         G_(st.shape().q_heads / st.shape().kv_heads),
         cap_(st.tier_capacity()),
@@ -52,7 +158,34 @@ class device_two_tier {
         plan_positions_(exec_, plan_slots_.size()),
         step_positions_(exec_, static_cast<std::size_t>(st.requests())),
         attention_ws_(exec_, thrust::attention_workspace_bytes(
-                                 static_cast<std::int64_t>(per_request()), G_, 1)) {}
+                                 static_cast<std::int64_t>(per_request()), G_, 1)),
+        part_out_(exec_, far == far_tier::attend ? 2 * static_cast<std::size_t>(H_) * G_ * st.shape().head_dim : 0),
+        part_lse_(exec_, far == far_tier::attend ? 2 * static_cast<std::size_t>(H_) * G_ : 0),
+        far_rows_(exec_, far == far_tier::attend ? static_cast<std::size_t>(st.sequences()) : 0) {
+    if (far_ == far_tier::attend) {
+      ::thrust::fill_n(exec_.policy(), far_rows_.data(), far_rows_.size(), std::int64_t{0});
+    }
+  }
+
+  [[nodiscard]] far_tier far() const { return far_; }
+
+  // A state's install (tiered_store::install) under the policy: recall copies, attend places.
+  void install(Store& st, std::span<const std::int64_t> seqs, std::span<const int> counts,
+               const std::int32_t* positions) const {
+    st.install(seqs, counts, positions, far_ == far_tier::attend);
+  }
+
+  // Rows of the pool the steps attended where they lie (far_tier::attend; 0 under recall), as
+  // method_stats::far_rows counts them: summed over steps, layers and KV heads. One counted
+  // device-to-host read: call it outside captured steps.
+  [[nodiscard]] std::int64_t far_rows() const {
+    if (far_rows_.size() == 0) return 0;
+    std::vector<std::int64_t> rows(far_rows_.size());
+    thrust::copy_to_host(exec_, far_rows_, std::span<std::int64_t>(rows));
+    std::int64_t n = 0;
+    for (const auto r : rows) n += r;
+    return n;
+  }
 
   // The host state's chunk checks (detail::two_tier::check_chunk: the prompt still open, the
   // chunk's newest queries, the last chunk's query, room in the host pool) plus room in the
@@ -111,11 +244,15 @@ class device_two_tier {
     plan.positions = plan_positions_.data();
   }
 
-  // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
+  // The step's attention over its plan: out [tokens, q_heads, d] in E memory.
   void attend(const Store& st, int layer, std::span<const decode_token<T>> tokens,
               const thrust::device_plan& plan, float* out) const {
     const auto& sh = st.shape();
     const int d = sh.head_dim;
+    if (far_ == far_tier::attend) {
+      attend_split(st, layer, tokens, out);
+      return;
+    }
     const std::int64_t stride = static_cast<std::int64_t>(cap_) * d;
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       const std::int64_t seq0 = sh.sequence(tokens[i].request, layer, 0);
@@ -137,13 +274,45 @@ class device_two_tier {
  private:
   [[nodiscard]] std::size_t per_request() const { return static_cast<std::size_t>(H_) * cap_; }
 
+  // far_tier::attend: per request, the partial over the resident slots, the partial over the far
+  // slots, and their merge into out.
+  void attend_split(const Store& st, int layer, std::span<const decode_token<T>> tokens,
+                    float* out) const {
+    const auto& sh = st.shape();
+    const int d = sh.head_dim;
+    const int Q = H_ * G_;
+    const auto policy = exec_.policy();
+    const ::thrust::counting_iterator<int> zero(0);
+    float* near_out = part_out_.data();
+    float* far_out = near_out + static_cast<std::size_t>(Q) * d;
+    float* near_lse = part_lse_.data();
+    float* far_lse = near_lse + Q;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const split_part<T> part{st.rows(), local_offsets_.data() + i * (H_ + 1),
+                               plan_slots_.data() + plan_base_[i], tokens[i].query,
+                               sh.sequence(tokens[i].request, layer, 0), G_, d, scale};
+      ::thrust::for_each_n(policy, zero, Q, split_partial_fn<T>{part, false, near_out, near_lse, nullptr});
+      ::thrust::for_each_n(policy, zero, Q,
+                           split_partial_fn<T>{part, true, far_out, far_lse, far_rows_.data()});
+      ::thrust::for_each_n(policy, zero, Q,
+                           merge_partials_fn{near_out, near_lse, far_out, far_lse,
+                                             out + i * static_cast<std::size_t>(Q) * d, d});
+    }
+  }
+
   E exec_;
+  far_tier far_;
   int H_, G_, cap_;
   // E memory: the plan (CSR, slots, positions), each request's local CSR, the tokens' positions,
   // attention's scratch
   thrust::buffer<std::int32_t, E> plan_offsets_, local_offsets_, plan_slots_, plan_positions_,
       step_positions_;
   mutable thrust::buffer<std::byte, E> attention_ws_;  // attend() is const
+  // far_tier::attend (empty under recall): the partials [2, Q, d] and their log-sum-exps [2, Q],
+  // and the far rows attended per head-sequence [sequences]
+  mutable thrust::buffer<float, E> part_out_, part_lse_;
+  mutable thrust::buffer<std::int64_t, E> far_rows_;
   // host: the step's descriptor
   std::vector<std::int64_t> seqs_, plan_base_;
   std::vector<std::int32_t> host_positions_;

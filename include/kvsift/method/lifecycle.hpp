@@ -80,6 +80,9 @@ struct attention_plan {
 //   attend  leaves them in the host pool and attends them there (attention_plan::far), merging
 //           the two partial attentions by log-sum-exp; nothing is recalled. Same rows, same
 //           output up to rounding; what moves is compute, not bytes.
+// Over a device exec (device/two_tier.hpp) attend places the far positions in far slots of the
+// device tier, which hold no bytes (the plan lists them; thrust::working_rows reads them in the
+// pool), and the step attends them there and merges the same way.
 enum class far_tier { recall, attend };
 
 [[nodiscard]] inline std::string_view to_string(far_tier f) {
@@ -96,13 +99,6 @@ template <class Params>
   } else {
     return far_tier::recall;
   }
-}
-// A device state's check: far_tier::attend runs on exec::host only for now.
-template <class Params>
-void require_far_recall(std::string_view where, const Params& p) {
-  require(far_policy_of(p) == far_tier::recall, where, "params.far", to_string(far_policy_of(p)),
-          "far_tier::recall on a device exec (far_tier::attend, attending the host pool where it "
-          "lies, runs on exec::host only so far)");
 }
 }  // namespace detail
 

@@ -82,6 +82,36 @@ struct tier_rows {
   }
 };
 
+// The working sets' rows as a reader sees them, slot by slot: a resident slot's row is in the
+// device tier; a far slot (placed by an install under far_tier::attend, which moves no row) reads
+// the host pool's row where it lies. Every reader of plan slots goes through it.
+template <class T>
+struct working_rows {
+  const T* tier_keys;
+  const T* tier_values;
+  const T* pool_keys;
+  const T* pool_values;
+  const std::int32_t* slot_pool;  // [sequences, tier_capacity]: a far slot's pool row, else -1
+  std::int64_t tier_capacity, host_capacity;
+  int dim;
+
+  [[nodiscard]] KVSIFT_HOST_DEVICE bool far(std::int64_t seq, std::int32_t slot) const {
+    return slot_pool[seq * tier_capacity + slot] >= 0;
+  }
+  [[nodiscard]] KVSIFT_HOST_DEVICE const T* key(std::int64_t seq, std::int32_t slot) const {
+    return row(tier_keys, pool_keys, seq, slot);
+  }
+  [[nodiscard]] KVSIFT_HOST_DEVICE const T* value(std::int64_t seq, std::int32_t slot) const {
+    return row(tier_values, pool_values, seq, slot);
+  }
+
+ private:
+  [[nodiscard]] KVSIFT_HOST_DEVICE const T* row(const T* tier, const T* pool, std::int64_t seq,
+                                                std::int32_t slot) const {
+    const std::int32_t j = slot_pool[seq * tier_capacity + slot];
+    return j < 0 ? tier + (seq * tier_capacity + slot) * dim : pool + (seq * host_capacity + j) * dim;
+  }
+};
 
 namespace detail {
 
@@ -124,6 +154,7 @@ struct tiered_append_fn {
   std::int32_t* slot_positions;  // [sequences, tier_capacity]
   std::int32_t* plan_slots;      // [sequences, tier_capacity]
   std::int32_t* plan_positions;  // [sequences, tier_capacity]
+  std::int32_t* slot_pool;       // [sequences, tier_capacity]: -1 (a new row is resident)
   const std::int32_t* free_slots;
   const std::int32_t* lengths;   // before the append
   std::int64_t seq0;
@@ -156,6 +187,7 @@ struct tiered_append_fn {
       const std::int32_t pos = first + t;
       pool_positions[prow] = pos;
       slot_positions[trow] = pos;
+      slot_pool[trow] = -1;
       plan_slots[base + n + t] = slot;
       plan_positions[base + n + t] = pos;
     }
@@ -449,6 +481,8 @@ struct install_place_fn {
   std::int32_t* plan_slots;
   std::int32_t* plan_positions;
   std::int32_t* pool_index;  // [(r, i)]: the pool row of an arrival, -1 for a resident row
+  std::int32_t* slot_pool;   // [sequences, tier_capacity]: an arrival's pool row if far, else -1
+  bool far;                  // far_tier::attend: arrivals are placed, not copied
   KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
     const int r = desc.target(e);
     const int i = desc.index(e);
@@ -464,6 +498,7 @@ struct install_place_fn {
       s = free_slots[base + (desc.capacity - n) + k];
       slot_positions[base + s] = pos;
       pool_index[e] = find_sorted(pool_positions + seq * host_capacity, pool_lengths[seq / heads], pos);
+      slot_pool[base + s] = far ? pool_index[e] : -1;
     }
     plan_slots[base + i] = s;
     plan_positions[base + i] = pos;
@@ -546,6 +581,7 @@ class tiered_store {
         tier_keys_(exec, slots(tier_capacity_) * shape_.head_dim),
         tier_values_(exec, slots(tier_capacity_) * shape_.head_dim),
         slot_positions_(exec, slots(tier_capacity_)),
+        slot_pool_(exec, slots(tier_capacity_)),
         plan_slots_(exec, slots(tier_capacity_)),
         plan_positions_(exec, slots(tier_capacity_)),
         free_slots_(exec, slots(tier_capacity_)),
@@ -571,6 +607,7 @@ class tiered_store {
     ::thrust::fill_n(policy, pool_lengths_.data(), pool_lengths_.size(), 0);
     ::thrust::fill_n(policy, recalled_.data(), sequences_, std::int64_t{0});
     ::thrust::fill_n(policy, error_.data(), 3, 0);
+    ::thrust::fill_n(policy, slot_pool_.data(), slot_pool_.size(), -1);
     ::thrust::for_each_n(policy, zero, sequences_ * tier_capacity_,
                          detail::tier_clear_fn{slot_positions_.data(), free_slots_.data(), 0,
                                                tier_capacity_});
@@ -656,6 +693,13 @@ class tiered_store {
   [[nodiscard]] const T* pool_values() const { return pool_values_.data(); }
   [[nodiscard]] const std::int32_t* pool_positions() const { return pool_positions_.data(); }
   [[nodiscard]] const std::int32_t* free_slots() const { return free_slots_.data(); }
+  // [sequences, tier_capacity]: the pool row of a far slot (install(..., far = true)), -1 for a
+  // slot whose row is in the tier; and the reader that follows it.
+  [[nodiscard]] const std::int32_t* slot_pool() const { return slot_pool_.data(); }
+  [[nodiscard]] working_rows<T> rows() const {
+    return {tier_keys_.data(), tier_values_.data(), pool_keys_.data(), pool_values_.data(), slot_pool_.data(), tier_capacity_,
+            host_capacity_, shape_.head_dim};
+  }
 
   // ---- mutation ----
   // Appends k, v ([tokens, kv_heads, d] views in E memory) to the pool of (request, layer) and
@@ -696,7 +740,8 @@ class tiered_store {
         detail::tiered_append_fn<T, L, memory_space>{
             k, v, pool_keys_.data(), pool_values_.data(), pool_positions_.data(),
             tier_keys_.data(), tier_values_.data(), slot_positions_.data(), plan_slots_.data(),
-            plan_positions_.data(), free_slots_.data(), lengths_.data(), seq0, host_capacity_,
+            plan_positions_.data(), slot_pool_.data(), free_slots_.data(), lengths_.data(), seq0,
+            host_capacity_,
             tier_capacity_, have, first_position, error_.data() + 2});
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), shape_.kv_heads,
                          detail::grow_lengths_fn{lengths_.data(), seq0, k.tokens});
@@ -759,10 +804,13 @@ class tiered_store {
   // copied from the host pool into a free slot (the recall; counted in stats().bytes_to_device);
   // the slots of the rows that leave are freed. Head-sequences not named are untouched.
   // store::tiered's promote (and install of a completed recall: the pool is device-reachable).
+  // With far = true (far_tier::attend) a missing position is placed in a free slot marked far
+  // (slot_pool()) and nothing is copied or counted: its readers read the pool's row where it
+  // lies (working_rows), and the working set's length, and so every count, stays a host shadow.
   // Host-checked: seqs distinct and in range, one count each, 0 <= counts[r] <= min(tier
   // capacity, the pool's length); the positions are checked on the device.
   void install(std::span<const std::int64_t> seqs, std::span<const int> counts,
-               const std::int32_t* positions) {
+               const std::int32_t* positions, bool far = false) {
     constexpr std::string_view where = "thrust::tiered_store.install";
     require(counts.size() == seqs.size(), where, "counts.size()", counts.size(),
             [&] { return "one count per head-sequence (" + std::to_string(seqs.size()) + ")"; });
@@ -820,7 +868,7 @@ class tiered_store {
                          detail::install_classify_fn{desc, want, lengths_.data(), plan_slots_.data(),
                                                      plan_positions_.data(), leave, arrive, slot});
     ranks(R, leave, nullptr);
-    ranks(R, arrive, recalled_.data());
+    ranks(R, arrive, far ? nullptr : recalled_.data());
     ::thrust::for_each_n(policy, zero, n,
                          detail::install_free_fn{desc, leave, lengths_.data(), plan_slots_.data(),
                                                  slot_positions_.data(), free_slots_.data()});
@@ -829,12 +877,14 @@ class tiered_store {
                                                   pool_positions_.data(), pool_lengths_.data(),
                                                   host_capacity_, H, slot_positions_.data(),
                                                   plan_slots_.data(), plan_positions_.data(),
-                                                  leave});
-    ::thrust::for_each_n(policy, zero, n * shape_.head_dim,
-                         detail::install_copy_fn<T>{desc, leave, plan_slots_.data(),
-                                                    pool_keys_.data(), pool_values_.data(),
-                                                    tier_keys_.data(), tier_values_.data(),
-                                                    host_capacity_, shape_.head_dim});
+                                                  leave, slot_pool_.data(), far});
+    if (!far) {
+      ::thrust::for_each_n(policy, zero, n * shape_.head_dim,
+                           detail::install_copy_fn<T>{desc, leave, plan_slots_.data(),
+                                                      pool_keys_.data(), pool_values_.data(),
+                                                      tier_keys_.data(), tier_values_.data(),
+                                                      host_capacity_, shape_.head_dim});
+    }
     ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), static_cast<int>(R),
                          detail::install_lengths_fn{desc, lengths_.data()});
     for (std::int64_t r = 0; r < R; ++r) length_[seqs[r]] = counts[r];
@@ -930,7 +980,8 @@ class tiered_store {
   // first violation: every length and pool length equals the shadow; each plan ascends by
   // position, its slots are distinct and hold its positions; the free stack holds exactly the
   // other slots (position -1); every pool ascends and ends below next_position; every resident
-  // row equals its pool row. Reads the whole store back (counted D2H): for tests and debugging.
+  // row equals its pool row (a far slot names it instead). Reads the whole store back (counted
+  // D2H): for tests and debugging.
   void verify() const {
     constexpr std::string_view where = "thrust::tiered_store.verify";
     const std::size_t tier_slots = slots(tier_capacity_), pool_slots = slots(host_capacity_);
@@ -942,6 +993,8 @@ class tiered_store {
     copy_to_host(exec_, lengths_, std::span<std::int32_t>(lengths));
     copy_to_host(exec_, pool_lengths_, std::span<std::int32_t>(pool_lengths));
     copy_to_host(exec_, slot_positions_, std::span<std::int32_t>(slot_pos));
+    std::vector<std::int32_t> slot_pool(tier_slots);
+    copy_to_host(exec_, slot_pool_, std::span<std::int32_t>(slot_pool));
     copy_to_host(exec_, plan_slots_, std::span<std::int32_t>(plan_s));
     copy_to_host(exec_, plan_positions_, std::span<std::int32_t>(plan_p));
     copy_to_host(exec_, free_slots_, std::span<std::int32_t>(free_s));
@@ -988,6 +1041,11 @@ class tiered_store {
                 "a resident token held by the pool" + in);
         const std::size_t prow =
             static_cast<std::size_t>(seq) * host_capacity_ + static_cast<std::size_t>(it - pp);
+        if (const std::int32_t j = slot_pool[base + s]; j >= 0) {  // far: read where it lies
+          require(j == it - pp, where, "far slot's pool row", j,
+                  "the pool row of position " + std::to_string(pos) + in);
+          continue;
+        }
         require(std::memcmp(tk.data() + (base + s) * d, pk.data() + prow * d, rb) == 0 &&
                     std::memcmp(tv.data() + (base + s) * d, pv.data() + prow * d, rb) == 0,
                 where, "position", pos, "resident rows equal to the pool's" + in);
@@ -1006,7 +1064,7 @@ class tiered_store {
   [[nodiscard]] std::size_t allocated_bytes() const {
     return pool_keys_.bytes() + pool_values_.bytes() + pool_positions_.bytes() +
            pool_lengths_.bytes() + tier_keys_.bytes() + tier_values_.bytes() +
-           slot_positions_.bytes() + plan_slots_.bytes() + plan_positions_.bytes() +
+           slot_positions_.bytes() + slot_pool_.bytes() + plan_slots_.bytes() + plan_positions_.bytes() +
            free_slots_.bytes() + lengths_.bytes() + slot_offsets_.bytes() + recalled_.bytes() +
            error_.bytes() + desc_.bytes() + bad_.bytes() + scratch_a_.bytes() +
            scratch_b_.bytes() + scratch_c_.bytes() + scratch_d_.bytes() + blocks_scratch_.bytes();
@@ -1081,6 +1139,7 @@ class tiered_store {
   buffer<std::int32_t, E> pool_lengths_;    // [requests * layers]
   buffer<T, E> tier_keys_, tier_values_;    // [sequences, tier_capacity, d] unordered slots
   buffer<std::int32_t, E> slot_positions_;  // [sequences, tier_capacity], -1 = free
+  buffer<std::int32_t, E> slot_pool_;       // [sequences, tier_capacity] far slot's pool row, -1
   buffer<std::int32_t, E> plan_slots_;      // [sequences, tier_capacity] by position
   buffer<std::int32_t, E> plan_positions_;  // [sequences, tier_capacity] ascending
   buffer<std::int32_t, E> free_slots_;      // [sequences, tier_capacity] stacks of free slots
