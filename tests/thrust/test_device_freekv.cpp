@@ -12,7 +12,9 @@
 //            attend()'s output equals the host's to 2e-5 relative;
 //   capture  every decode step (decode + attend + after_attention) after the first, correcting
 //            or not, allocates nothing and reads nothing back (exec::sim's counters).
-// And: a chosen selection that is not installed leaves stale rows; bad input throws
+// Under far_tier::attend the plans (resident and far positions), outputs and far rows equal the
+// host's with nothing recalled. And: a chosen selection that is not installed leaves stale rows;
+// bad input throws
 // kvsift::error and leaves the store (and the method) as they were; a device tier too small for
 // a call's chunks or a step's working set is refused before anything changes.
 

@@ -14,7 +14,9 @@
 //   capture  every decode step (decode + attend + after_attention) after the first, checking or
 //            not, allocates nothing and reads nothing back (exec::sim's counters).
 // And: a recorded retrieval that is not installed leaves the satellites' old (stale) rows; bad
-// input is a kvsift::error naming the argument, and leaves the store unchanged.
+// input is a kvsift::error naming the argument, and leaves the store unchanged. Under
+// far_tier::attend the plans (resident and far positions), outputs and far rows equal the host's
+// with nothing recalled.
 
 #include "../plan_reads.hpp"
 

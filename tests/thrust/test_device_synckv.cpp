@@ -10,7 +10,9 @@
 //            the host's to 2e-5 relative;
 //   capture  every decode step (decode + attend + after_attention) after the first, anticipating
 //            or not, allocates nothing and reads nothing back (exec::sim's counters).
-// And: a recorded recall that is not installed leaves the followers' old (stale) rows.
+// And: a recorded recall that is not installed leaves the followers' old (stale) rows; under
+// far_tier::attend the plans (resident and far positions), outputs and far rows equal the host's
+// with nothing recalled.
 
 #include "../plan_reads.hpp"
 

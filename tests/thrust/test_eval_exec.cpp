@@ -8,7 +8,9 @@
 // share, as `kvsift eval` does by default; SyncKV at 0.625 (above its representatives' share),
 // FreeKV at 0.5 (its dense first layer keeps the whole prompt), HeteroCache at 0.8 on recall-8kv
 // only (its volatile and pivot heads keep their whole KV: 22 of 32 heads there; every head of
-// tiny-recall is volatile, so nothing is compressed and it is left out there).
+// tiny-recall is volatile, so nothing is compressed and it is left out there). And under
+// `--far attend`: the three two-tier methods on recall-8kv, the host's answers and far rows over
+// device memory, nothing recalled on either exec.
 
 #include "../../examples/engine/eval_harness.hpp"
 #include "../../examples/engine/kvsift_cache.hpp"
@@ -62,6 +64,16 @@ struct shipped_roles {
     c.synckv_roles = synckv;
     c.heterocache_roles = heterocache;
   }
+  static shipped_roles of(const fs::path& model_dir, const ex::llama_model& model) {
+    const auto& cfg = model.config();
+    const kvsift::calibrate::model_fingerprint fp{
+        .layers = cfg.num_layers, .q_heads = cfg.num_q_heads, .kv_heads = cfg.num_kv_heads,
+        .head_dim = cfg.head_dim, .config_hash = ""};
+    return {kvsift::synckv_roles_of(
+                kvsift::calibrate::read_synckv_roles((model_dir / "roles-synckv.json").string(), fp)),
+            kvsift::heterocache_roles_of(kvsift::calibrate::read_heterocache_roles(
+                (model_dir / "roles-heterocache.json").string(), fp))};
+  }
 };
 
 // `base` with SyncKV's and HeteroCache's entries given `roles`.
@@ -98,15 +110,7 @@ void same_answers(const fs::path& model_dir, const std::vector<fs::path>& prompt
                   bool with_heterocache) {
   const auto model = ex::llama_model::load(model_dir.string());
   const auto items = shortest_prompts(prompt_files);
-  const auto& cfg = model.config();
-  const kvsift::calibrate::model_fingerprint fp{.layers = cfg.num_layers, .q_heads = cfg.num_q_heads,
-                                                .kv_heads = cfg.num_kv_heads, .head_dim = cfg.head_dim,
-                                                .config_hash = ""};
-  const shipped_roles roles{
-      kvsift::synckv_roles_of(
-          kvsift::calibrate::read_synckv_roles((model_dir / "roles-synckv.json").string(), fp)),
-      kvsift::heterocache_roles_of(kvsift::calibrate::read_heterocache_roles(
-          (model_dir / "roles-heterocache.json").string(), fp))};
+  const auto roles = shipped_roles::of(model_dir, model);
   const auto host = with_roles(kvsift::default_method_registry<float>(), roles);
   const auto device = with_roles(
       kvsift::device::method_registry_on<float, E>(kvsift::default_method_registry<float>()), roles);
@@ -172,15 +176,7 @@ template <class E>
 void same_answers_far(const fs::path& model_dir, const std::vector<fs::path>& prompt_files) {
   const auto model = ex::llama_model::load(model_dir.string());
   const auto items = shortest_prompts(prompt_files);
-  const auto& cfg = model.config();
-  const kvsift::calibrate::model_fingerprint fp{.layers = cfg.num_layers, .q_heads = cfg.num_q_heads,
-                                                .kv_heads = cfg.num_kv_heads, .head_dim = cfg.head_dim,
-                                                .config_hash = ""};
-  const shipped_roles roles{
-      kvsift::synckv_roles_of(
-          kvsift::calibrate::read_synckv_roles((model_dir / "roles-synckv.json").string(), fp)),
-      kvsift::heterocache_roles_of(kvsift::calibrate::read_heterocache_roles(
-          (model_dir / "roles-heterocache.json").string(), fp))};
+  const auto roles = shipped_roles::of(model_dir, model);
   constexpr auto attend = kvsift::far_tier::attend;
   const auto host = kvsift::method_registry_far<float>(
       with_roles(kvsift::default_method_registry<float>(), roles), attend);
