@@ -231,6 +231,12 @@ void run_pair(int stride, std::uint32_t seed,
   if (attend) {  // what recall would move is read where it lies
     CHECK(dm.stats().bytes_transferred == 0);
     CHECK((dm.stats().far_rows > 0) == (min_anticipations > 0));
+    if (ds.far_installed()) {  // one policy per store: a recalling method over it is refused
+      auto recall = params;
+      recall.far = kvsift::far_tier::recall;
+      REQUIRE_THROWS_WITH((kvsift::synckv<T, E>(ds, recall)),
+                          Catch::Matchers::ContainsSubstring("one policy per store"));
+    }
   } else {
     CHECK((dm.stats().bytes_transferred > 0) == (min_anticipations > 0));  // recalls happened
     CHECK(dm.stats().far_rows == 0);

@@ -317,19 +317,17 @@ TEMPLATE_LIST_TEST_CASE("thrust::tiered_store equals store::tiered over random a
           ++stayed_rows;
           REQUIRE(after.plan_slots[base + i] == it->second);
           const std::size_t row = (base + static_cast<std::size_t>(it->second)) * f.d();
-          REQUIRE(std::equal(after.tier_keys.begin() + row, after.tier_keys.begin() + row + f.d(),
-                             before.tier_keys.begin() + row));
-          REQUIRE(std::equal(after.tier_values.begin() + row, after.tier_values.begin() + row + f.d(),
-                             before.tier_values.begin() + row));
+          REQUIRE(std::memcmp(after.tier_keys.data() + row, before.tier_keys.data() + row, f.row_bytes()) == 0);
+          REQUIRE(std::memcmp(after.tier_values.data() + row, before.tier_values.data() + row, f.row_bytes()) == 0);
         }
       }
-      // rows of head-sequences not named are untouched
+      // rows of head-sequences not named are untouched, bit for bit (free slots hold whatever
+      // the arena's reused block held, NaN patterns included: compared as bytes)
       for (std::int64_t s = 0; s < f.S; ++s) {
         if (std::find(seqs.begin(), seqs.end(), s) != seqs.end()) continue;
         const std::size_t base = static_cast<std::size_t>(s) * Ct;
-        REQUIRE(std::equal(after.tier_keys.begin() + base * f.d(),
-                           after.tier_keys.begin() + (base + Ct) * f.d(),
-                           before.tier_keys.begin() + base * f.d()));
+        REQUIRE(std::memcmp(after.tier_keys.data() + base * f.d(), before.tier_keys.data() + base * f.d(),
+                            Ct * f.row_bytes()) == 0);
         REQUIRE(std::equal(after.plan_slots.begin() + base, after.plan_slots.begin() + base + Ct,
                            before.plan_slots.begin() + base));
       }
@@ -736,4 +734,11 @@ TEMPLATE_LIST_TEST_CASE("thrust::tiered_store: a far install places rows without
   }
   CHECK(f.ref.stats().bytes_to_device > 0);
   CHECK(far_slots > 0);
+  // one policy per store: a copying install after far ones is refused, the store unchanged
+  CHECK(f.dev.far_installed());
+  const auto before = f.read();
+  const auto plan_before = before.plan_positions;
+  REQUIRE_THROWS_AS(f.install_dev({0}, {{f.ref.position(0, 0)}}, /*far=*/false), kvsift::error);
+  CHECK(f.read().plan_positions == plan_before);
+  REQUIRE_NOTHROW(f.dev.verify());
 }

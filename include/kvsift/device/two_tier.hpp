@@ -26,7 +26,8 @@
 //           (tiered_store::install(..., far = true)); a step attends the plan in two partials,
 //           the resident slots' rows in the tier and the far slots' rows in the pool where they
 //           lie, each with its log-sum-exp, merged exactly (max-shifted, as
-//           attention::merge_partials). The far rows read per step are counted (far_rows()).
+//           attention::merge_partials). The far rows of each step's plan are counted as it is
+//           made (far_rows(), as the host counts its plan's far rows).
 //           A far slot keeps the counts host shadows, so a far row reserves its slot in the tier
 //           (it holds no bytes there). Three passes per request, one thread per query head.
 
@@ -66,17 +67,29 @@ struct split_part {
   float scale;
 };
 
+// The far slots of KV head h's plan segment, added to far_rows[seq] (one thread per KV head).
+template <class T>
+struct count_far_fn {
+  split_part<T> p;
+  std::int64_t* far_rows;  // [sequences]
+  KVSIFT_HOST_DEVICE void operator()(int h) const {
+    const std::int64_t seq = p.seq0 + h;
+    std::int64_t n = 0;
+    for (int t = p.offsets[h]; t < p.offsets[h + 1]; ++t) n += p.rows.far(seq, p.slots[t]) ? 1 : 0;
+    far_rows[seq] += n;
+  }
+};
+
 // One query head's partial attention over the plan rows of its KV head that lie in one tier (the
 // resident slots, or with far the far slots), in plan order, and its log-sum-exp (-inf when the
-// part is empty, out 0). The far part adds its row count to far_rows[seq] (one thread per KV
-// head). Logits in core/dot.hpp's order, the softmax's exponent of thrust/math.hpp.
+// part is empty, out 0). Logits in core/dot.hpp's order, the softmax's exponent of
+// thrust/math.hpp.
 template <class T>
 struct split_partial_fn {
   split_part<T> p;
   bool far;
-  float* out;                // [H * G, d]
-  float* lse;                // [H * G]
-  std::int64_t* far_rows;    // [sequences] or null
+  float* out;  // [H * G, d]
+  float* lse;  // [H * G]
   KVSIFT_HOST_DEVICE void operator()(int row) const {
     const int h = row / p.G;
     const std::int64_t seq = p.seq0 + h;
@@ -91,7 +104,6 @@ struct split_partial_fn {
       ++n;
     }
     for (int c = 0; c < p.d; ++c) o[c] = 0.0f;
-    if (far && far_rows != nullptr && row % p.G == 0) far_rows[seq] += n;
     if (n == 0) {
       lse[row] = top;
       return;
@@ -162,6 +174,8 @@ class device_two_tier {
         part_out_(exec_, far == far_tier::attend ? 2 * static_cast<std::size_t>(H_) * G_ * st.shape().head_dim : 0),
         part_lse_(exec_, far == far_tier::attend ? 2 * static_cast<std::size_t>(H_) * G_ : 0),
         far_rows_(exec_, far == far_tier::attend ? static_cast<std::size_t>(st.sequences()) : 0) {
+    require(far == far_tier::attend || !st.far_installed(), "device_two_tier", "params.far",
+            to_string(far), "attend on a store whose installs placed far slots (one policy per store)");
     if (far_ == far_tier::attend) {
       ::thrust::fill_n(exec_.policy(), far_rows_.data(), far_rows_.size(), std::int64_t{0});
     }
@@ -234,6 +248,13 @@ class device_two_tier {
       for (int h = 0; h < H_; ++h) {
         plan.offsets.push_back(plan.offsets.back() + st.length(seqs_[h]));
       }
+      if (far_ == far_tier::attend) {  // the step's far rows, counted as its plan is made
+        const split_part<T> part{st.rows(), local_offsets_.data() + i * (H_ + 1),
+                                 plan_slots_.data() + plan_base_.back(), nullptr, seqs_[0], G_,
+                                 sh.head_dim, 0.0f};
+        ::thrust::for_each_n(exec_.policy(), ::thrust::counting_iterator<int>(0), H_,
+                             count_far_fn<T>{part, far_rows_.data()});
+      }
     }
     plan.page_offsets.clear();
     plan.pages = nullptr;
@@ -292,9 +313,8 @@ class device_two_tier {
       const split_part<T> part{st.rows(), local_offsets_.data() + i * (H_ + 1),
                                plan_slots_.data() + plan_base_[i], tokens[i].query,
                                sh.sequence(tokens[i].request, layer, 0), G_, d, scale};
-      ::thrust::for_each_n(policy, zero, Q, split_partial_fn<T>{part, false, near_out, near_lse, nullptr});
-      ::thrust::for_each_n(policy, zero, Q,
-                           split_partial_fn<T>{part, true, far_out, far_lse, far_rows_.data()});
+      ::thrust::for_each_n(policy, zero, Q, split_partial_fn<T>{part, false, near_out, near_lse});
+      ::thrust::for_each_n(policy, zero, Q, split_partial_fn<T>{part, true, far_out, far_lse});
       ::thrust::for_each_n(policy, zero, Q,
                            merge_partials_fn{near_out, near_lse, far_out, far_lse,
                                              out + i * static_cast<std::size_t>(Q) * d, d});

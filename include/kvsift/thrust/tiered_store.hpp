@@ -696,6 +696,7 @@ class tiered_store {
   // [sequences, tier_capacity]: the pool row of a far slot (install(..., far = true)), -1 for a
   // slot whose row is in the tier; and the reader that follows it.
   [[nodiscard]] const std::int32_t* slot_pool() const { return slot_pool_.data(); }
+  [[nodiscard]] bool far_installed() const { return far_installed_; }
   [[nodiscard]] working_rows<T> rows() const {
     return {tier_keys_.data(), tier_values_.data(), pool_keys_.data(), pool_values_.data(), slot_pool_.data(), tier_capacity_,
             host_capacity_, shape_.head_dim};
@@ -807,11 +808,16 @@ class tiered_store {
   // With far = true (far_tier::attend) a missing position is placed in a free slot marked far
   // (slot_pool()) and nothing is copied or counted: its readers read the pool's row where it
   // lies (working_rows), and the working set's length, and so every count, stays a host shadow.
+  // A store serves one policy: once an install placed far slots, a copying install is refused
+  // (a kept far slot would stay far, and tier readers would see a row that is not there).
   // Host-checked: seqs distinct and in range, one count each, 0 <= counts[r] <= min(tier
   // capacity, the pool's length); the positions are checked on the device.
   void install(std::span<const std::int64_t> seqs, std::span<const int> counts,
                const std::int32_t* positions, bool far = false) {
     constexpr std::string_view where = "thrust::tiered_store.install";
+    require(far || !far_installed_, where, "far", "false",
+            "true on a store whose installs placed far slots (far_tier::attend): one policy per "
+            "store");
     require(counts.size() == seqs.size(), where, "counts.size()", counts.size(),
             [&] { return "one count per head-sequence (" + std::to_string(seqs.size()) + ")"; });
     const auto R = static_cast<std::int64_t>(seqs.size());
@@ -843,6 +849,7 @@ class tiered_store {
     require(total == 0 || positions != nullptr, where, "positions", "null",
             "the new working sets' positions in E memory");
     ++installs_;
+    far_installed_ = far_installed_ || far;
     if (R == 0) return;
     for (std::int64_t r = 0; r < R; ++r) host_desc_[R + 1 + r] = static_cast<std::int32_t>(seqs[r]);
     upload_desc(static_cast<std::size_t>(2 * R + 1));
@@ -1158,6 +1165,7 @@ class tiered_store {
   std::vector<std::uint32_t> seen_;         // install's distinct-target marks (epoch stamps)
   std::uint32_t epoch_ = 0;
   std::int64_t installs_ = 0;
+  bool far_installed_ = false;              // an install placed far slots: attend's store
 };
 
 }  // namespace kvsift::thrust
