@@ -3,8 +3,9 @@
 # chain prompt of recall-8kv (SyncKV, HeteroCache, FreeKV at a resident share of 0.75): the same outputs;
 # every item recalls nothing under attend and reads its host-pool rows where they lie (far_rows)
 # exactly where recall moved bytes; the JSON names the policy of the call and of each run; over
-# device memory (--exec thrust-cpp) attend gives the host's outputs and far rows, 0 bytes
-# recalled; a bad --far, and attend with the engine's kernel, are refused naming --far.
+# device memory (--exec thrust-cpp) attend gives the host's outputs, far rows and resident
+# shares, 0 bytes recalled; a bad --far, and attend with the engine's kernel, are refused naming
+# --far.
 # Run as: cmake -DKVSIFT=<kvsift binary> -DSRC=<source dir> -DWORK=<scratch dir> -P eval_far_test.cmake
 file(MAKE_DIRECTORY ${WORK})
 set(methods synckv,heterocache,freekv)
@@ -80,6 +81,14 @@ foreach(i RANGE ${last})
       message(FATAL_ERROR "${method} item ${k} over device memory: output '${out_d}', ${bytes_d} "
                           "bytes recalled, ${rows_d} far rows; on the host '${out_a}', 0, ${rows_a}")
     endif()
+    foreach(share resident_kv resident_kv_end)  # a far row's tier slot is not resident
+      string(JSON share_a GET "${a}" runs ${i} items ${k} ${share})
+      string(JSON share_d GET "${dv}" runs ${i} items ${k} ${share})
+      if(NOT share_d STREQUAL share_a)
+        message(FATAL_ERROR "${method} item ${k}: ${share} ${share_d} over device memory, "
+                            "${share_a} on the host")
+      endif()
+    endforeach()
   endforeach()
 endforeach()
 if(moved EQUAL 0)

@@ -171,7 +171,8 @@ void same_answers(const fs::path& model_dir, const std::vector<fs::path>& prompt
 
 // `kvsift eval --far attend --exec thrust-*`: the two-tier methods under far_tier::attend give the
 // host's answers over device memory, recall nothing on either exec, count the same far rows and
-// read the same rows at the last step (the device plan lists the far rows the host keeps apart).
+// resident bytes, and read the same rows at the last step (the device plan lists the far rows
+// the host keeps apart).
 template <class E>
 void same_answers_far(const fs::path& model_dir, const std::vector<fs::path>& prompt_files) {
   const auto model = ex::llama_model::load(model_dir.string());
@@ -202,6 +203,9 @@ void same_answers_far(const fs::path& model_dir, const std::vector<fs::path>& pr
       CHECK(on_device.stats().far_rows == on_host.stats().far_rows);
       CHECK(on_device.stats().refreshes == on_host.stats().refreshes);
       CHECK(on_device.attended_tokens() == on_host.attended_tokens());
+      // resident as the host counts it: a far row's tier slot holds no bytes
+      CHECK(on_device.prompt_resident_bytes() == on_host.prompt_resident_bytes());
+      CHECK(on_device.stats().resident_bytes == on_host.stats().resident_bytes);
       far_rows += on_host.stats().far_rows;
       REQUIRE(on_host.last_plan() != nullptr);
       REQUIRE(on_device.last_plan() != nullptr);

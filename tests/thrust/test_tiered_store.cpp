@@ -119,6 +119,16 @@ struct fixture {
     dev.append(r, l, dview::contiguous(k_in.data(), tokens, H, dd),
                dview::contiguous(v_in.data(), tokens, H, dd), first);
   }
+  // Every (request, layer) gets a prompt of lo + rng() % span tokens from position 0.
+  void fill_prompts(std::mt19937& rng, int lo, int span) {
+    const int H = shape.kv_heads, dd = shape.head_dim;
+    for (int r = 0; r < requests; ++r) {
+      for (int l = 0; l < shape.layers; ++l) {
+        const int n = lo + static_cast<int>(rng() % span);
+        append(r, l, random_rows<T>(rng, n, H, dd), random_rows<T>(rng, n, H, dd), n, 0);
+      }
+    }
+  }
   void retain(int r, int l, const kvsift::index_sets& kept) {
     ref.retain(r, l, kept);
     retain_dev(r, l, kept);
@@ -597,12 +607,7 @@ TEMPLATE_LIST_TEST_CASE("thrust::tiered_store: attention over the unordered slot
   std::mt19937 rng(23);
   const int H = f.shape.kv_heads, dd = f.shape.head_dim, G = f.shape.q_heads / H;
   const int RL = f.requests * f.shape.layers;  // attention's "requests": one per (request, layer)
-  for (int r = 0; r < f.requests; ++r) {
-    for (int l = 0; l < f.shape.layers; ++l) {
-      const int n = 6 + static_cast<int>(rng() % 12);
-      f.append(r, l, random_rows<T>(rng, n, H, dd), random_rows<T>(rng, n, H, dd), n, 0);
-    }
-  }
+  f.fill_prompts(rng, 6, 12);
   for (int round = 0; round < 2; ++round) {
     std::vector<std::int64_t> seqs;
     std::vector<std::vector<i32>> sets;
@@ -691,12 +696,7 @@ TEMPLATE_LIST_TEST_CASE("thrust::tiered_store: a far install places rows without
   using T = typename TestType::T;
   std::mt19937 rng(31);
   const int H = f.shape.kv_heads, dd = f.shape.head_dim;
-  for (int r = 0; r < f.requests; ++r) {
-    for (int l = 0; l < f.shape.layers; ++l) {
-      const int n = 10 + static_cast<int>(rng() % 8);
-      f.append(r, l, random_rows<T>(rng, n, H, dd), random_rows<T>(rng, n, H, dd), n, 0);
-    }
-  }
+  f.fill_prompts(rng, 10, 8);
   int far_slots = 0;
   for (int round = 0; round < 3; ++round) {
     std::vector<std::int64_t> seqs;
@@ -711,16 +711,23 @@ TEMPLATE_LIST_TEST_CASE("thrust::tiered_store: a far install places rows without
     CHECK(f.dev.stats().bytes_to_device == 0);  // what recall would copy stays in the pool
     REQUIRE_NOTHROW(f.dev.verify());
     const auto rows = f.dev.rows();
+    std::int64_t round_far = 0;
     for (std::int64_t seq = 0; seq < f.S; ++seq) {
       REQUIRE(f.dev.length(seq) == f.ref.length(seq));
       for (int i = 0; i < f.ref.length(seq); ++i) {
         const i32 slot = f.dev.plan_slots()[seq * f.tier_capacity + i];
         REQUIRE(f.dev.plan_positions()[seq * f.tier_capacity + i] == f.ref.position(seq, i));
-        far_slots += rows.far(seq, slot) ? 1 : 0;
+        round_far += rows.far(seq, slot) ? 1 : 0;
         REQUIRE(std::memcmp(rows.key(seq, slot), f.ref.key(seq, i), f.row_bytes()) == 0);
         REQUIRE(std::memcmp(rows.value(seq, slot), f.ref.value(seq, i), f.row_bytes()) == 0);
       }
     }
+    far_slots += static_cast<int>(round_far);
+    // a far slot holds no row in the tier: resident counts the rest
+    CHECK(f.dev.far_tokens() == round_far);
+    CHECK(f.dev.resident_tokens() == f.dev.held_slots() - round_far);
+    CHECK(f.dev.resident_bytes() ==
+          f.dev.resident_tokens() * static_cast<std::int64_t>(2 * f.row_bytes()));
     for (int r = 0; r < f.requests; ++r) {  // new tokens are resident, in freed slots
       f.append(r, 0, random_rows<T>(rng, 1, H, dd), random_rows<T>(rng, 1, H, dd), 1,
                f.ref.next_position(r, 0));
@@ -730,6 +737,7 @@ TEMPLATE_LIST_TEST_CASE("thrust::tiered_store: a far install places rows without
         CHECK_FALSE(rows.far(seq, slot));
       }
     }
+    CHECK(f.dev.far_tokens() == round_far);  // appends are resident
     REQUIRE_NOTHROW(f.dev.verify());
   }
   CHECK(f.ref.stats().bytes_to_device > 0);

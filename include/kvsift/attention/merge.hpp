@@ -17,9 +17,11 @@
 // the side, the head and the value, raised before anything is written, as the library raises a
 // non-finite input at its boundaries (method/lifecycle.hpp).
 
+#include <kvsift/core/config.hpp>
+#include <kvsift/core/element.hpp>
 #include <kvsift/core/error.hpp>
+#include <kvsift/core/exp.hpp>
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -48,30 +50,43 @@ inline void check_partial(const char* side, int G, int d, const float* out, cons
 }
 }  // namespace detail
 
+// One head's merge, the formula above, on the host and on a device alike (the device's far-tier
+// step, device/two_tier.hpp, runs it one thread per query head): o[0, d) from (oa, la) and
+// (ob, lb); returns top and the weight sum, lse = top + log(weight). Both parts empty (top =
+// -inf): o is zeros and weight 0. o may be oa or ob. exp is exact_expf, so the host and a device
+// give one result where neither compiler contracts the weighted sum into FMAs.
+struct merged_weight {
+  float top;
+  float weight;
+};
+KVSIFT_HOST_DEVICE inline merged_weight merge_row(int d, const float* oa, float la, const float* ob,
+                                                  float lb, float* o) {
+  const float none = kvsift::detail::bits_float(0xff800000u);  // -inf
+  const float top = la > lb ? la : lb;
+  if (top == none) {
+    for (int c = 0; c < d; ++c) o[c] = 0.0f;
+    return {top, 0.0f};
+  }
+  const float wa = la == none ? 0.0f : kvsift::exact_expf(la - top);
+  const float wb = lb == none ? 0.0f : kvsift::exact_expf(lb - top);
+  const float inv = 1.0f / (wa + wb);
+  const float fa = wa * inv, fb = wb * inv;
+  for (int c = 0; c < d; ++c) {
+    o[c] = (fa == 0.0f ? 0.0f : fa * oa[c]) + (fb == 0.0f ? 0.0f : fb * ob[c]);
+  }
+  return {top, wa + wb};
+}
+
 // out[g, :] and lse[g] for G heads of d channels from the partials (out_a, lse_a) and (out_b,
 // lse_b). out may be out_a or out_b (in place); lse may be null, or lse_a or lse_b.
 inline void merge_partials(int G, int d, const float* out_a, const float* lse_a, const float* out_b,
                            const float* lse_b, float* out, float* lse = nullptr) {
-  constexpr float none = -std::numeric_limits<float>::infinity();
   detail::check_partial("a", G, d, out_a, lse_a);
   detail::check_partial("b", G, d, out_b, lse_b);
   for (int g = 0; g < G; ++g) {
-    const float la = lse_a[g], lb = lse_b[g];
-    const float* oa = out_a + static_cast<std::size_t>(g) * d;
-    const float* ob = out_b + static_cast<std::size_t>(g) * d;
-    float* o = out + static_cast<std::size_t>(g) * d;
-    const float top = std::max(la, lb);
-    if (top == none) {  // both empty
-      std::fill(o, o + d, 0.0f);
-      if (lse != nullptr) lse[g] = none;
-      continue;
-    }
-    const float wa = la == none ? 0.0f : std::exp(la - top);
-    const float wb = lb == none ? 0.0f : std::exp(lb - top);
-    const float inv = 1.0f / (wa + wb);
-    const float fa = wa * inv, fb = wb * inv;
-    for (int c = 0; c < d; ++c) o[c] = (fa == 0.0f ? 0.0f : fa * oa[c]) + (fb == 0.0f ? 0.0f : fb * ob[c]);
-    if (lse != nullptr) lse[g] = top + std::log(wa + wb);
+    const auto at = static_cast<std::size_t>(g) * d;
+    const merged_weight m = merge_row(d, out_a + at, lse_a[g], out_b + at, lse_b[g], out + at);
+    if (lse != nullptr) lse[g] = m.weight == 0.0f ? m.top : m.top + std::log(m.weight);
   }
 }
 

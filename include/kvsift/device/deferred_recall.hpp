@@ -407,7 +407,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   }
   template <class M>
   void stats(const M& m, method_stats& s) const {
-    s.bytes_transferred = m.store().stats().bytes_to_device;  // one counted read: outside steps
+    s.bytes_transferred = m.store().bytes_to_device();  // one counted read: outside steps
     s.far_rows = step_.far_rows();
     s.refreshes = refreshes_;
     s.stalls = 0;

@@ -483,7 +483,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   // Reads back the store's copied rows and the drift events (two counted D2H reads).
   template <class M>
   void stats(const M& m, method_stats& s) const {
-    s.bytes_transferred = m.store().stats().bytes_to_device;
+    s.bytes_transferred = m.store().bytes_to_device();
     s.far_rows = step_.far_rows();
     s.refreshes = refreshes();
     s.stalls = 0;

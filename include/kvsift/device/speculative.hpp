@@ -402,7 +402,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
   // counted device-to-host reads; call it outside a step).
   template <class M>
   void stats(const M& m, method_stats& s) const {
-    s.bytes_transferred = m.store().stats().bytes_to_device;
+    s.bytes_transferred = m.store().bytes_to_device();
     s.far_rows = step_.far_rows();
     s.refreshes = refreshes_ + device_counters()[1];
     s.stalls = 0;

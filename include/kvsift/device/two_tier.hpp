@@ -28,9 +28,11 @@
 //           lie, each with its log-sum-exp, merged exactly (max-shifted, as
 //           attention::merge_partials). The far rows of each step's plan are counted as it is
 //           made (far_rows(), as the host counts its plan's far rows).
-//           A far slot keeps the counts host shadows, so a far row reserves its slot in the tier
-//           (it holds no bytes there). Three passes per request, one thread per query head.
+//           A far slot keeps the counts host shadows: a far row takes a tier slot that holds
+//           no bytes (tiered_store::held_slots() counts it, resident_tokens() does not).
+//           Three passes per request, one thread per query head.
 
+#include <kvsift/attention/merge.hpp>
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/device/one_tier.hpp>
@@ -124,8 +126,7 @@ struct split_partial_fn {
   }
 };
 
-// attention::merge_partials on the device, one thread per query head: the two partials weighed
-// by their log-sum-exps, shifted by the larger; an empty part (-inf) weighs 0, both empty give 0.
+// attention::merge_partials on the device, one thread per query head (attention::merge_row).
 struct merge_partials_fn {
   const float* out_a;
   const float* lse_a;
@@ -134,21 +135,8 @@ struct merge_partials_fn {
   float* out;
   int d;
   KVSIFT_HOST_DEVICE void operator()(int row) const {
-    const float none = thrust::detail::neg_inf();
-    const float la = lse_a[row], lb = lse_b[row];
-    const float top = la > lb ? la : lb;
-    float* o = out + static_cast<std::int64_t>(row) * d;
-    const float* a = out_a + static_cast<std::int64_t>(row) * d;
-    const float* b = out_b + static_cast<std::int64_t>(row) * d;
-    if (top == none) {
-      for (int c = 0; c < d; ++c) o[c] = 0.0f;
-      return;
-    }
-    const float wa = la == none ? 0.0f : kvsift::exact_expf(la - top);
-    const float wb = lb == none ? 0.0f : kvsift::exact_expf(lb - top);
-    const float inv = 1.0f / (wa + wb);
-    const float fa = wa * inv, fb = wb * inv;
-    for (int c = 0; c < d; ++c) o[c] = (fa == 0.0f ? 0.0f : fa * a[c]) + (fb == 0.0f ? 0.0f : fb * b[c]);
+    const auto at = static_cast<std::int64_t>(row) * d;
+    attention::merge_row(d, out_a + at, lse_a[row], out_b + at, lse_b[row], out + at);
   }
 };
 

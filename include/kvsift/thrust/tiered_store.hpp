@@ -538,6 +538,21 @@ struct install_lengths_fn {
   KVSIFT_HOST_DEVICE void operator()(int r) const { lengths[desc.seq(r)] = desc.count(r); }
 };
 
+// far[seq] = the far slots (slot_pool >= 0) of head-sequence seq's working set.
+struct far_slots_fn {
+  const std::int32_t* lengths;
+  const std::int32_t* plan_slots;
+  const std::int32_t* slot_pool;
+  int capacity;
+  std::int32_t* far;
+  KVSIFT_HOST_DEVICE void operator()(std::int64_t seq) const {
+    const std::int64_t base = seq * capacity;
+    std::int32_t n = 0;
+    for (int i = 0; i < lengths[seq]; ++i) n += slot_pool[base + plan_slots[base + i]] >= 0 ? 1 : 0;
+    far[seq] = n;
+  }
+};
+
 // The plan of listed head-sequences packed: entry t of target r = plan entry t - offsets[r].
 struct plan_pack_fn {
   const std::int32_t* offsets;  // [targets + 1]
@@ -588,6 +603,7 @@ class tiered_store {
         lengths_(exec, static_cast<std::size_t>(sequences_)),
         slot_offsets_(exec, static_cast<std::size_t>(sequences_) + 1),
         recalled_(exec, static_cast<std::size_t>(sequences_)),
+        far_slots_(exec, static_cast<std::size_t>(sequences_)),
         error_(exec, 3),
         desc_(exec, 2 * static_cast<std::size_t>(sequences_) + 2),
         bad_(exec, static_cast<std::size_t>(sequences_)),
@@ -632,9 +648,29 @@ class tiered_store {
   }
   [[nodiscard]] std::int32_t next_position(int request, int layer) const { return next_[rl(request, layer)]; }
   [[nodiscard]] int host_length(int request, int layer) const { return host_length_[rl(request, layer)]; }
-  [[nodiscard]] std::int64_t resident_tokens() const {
+  // Rows in the device tier, summed over head-sequences: the working sets' lengths (a host
+  // shadow) less their far slots. Without far installs this reads nothing; after them it is
+  // far_tokens()' counted read, so call it outside captured steps (as stats()).
+  [[nodiscard]] std::int64_t resident_tokens() const { return held_slots() - far_tokens(); }
+  // Tier slots held by the working sets (resident and far rows), from the host shadow.
+  [[nodiscard]] std::int64_t held_slots() const {
     std::int64_t t = 0;
     for (const int n : length_) t += n;
+    return t;
+  }
+  // Far slots (far_tier::attend): the working sets' rows that stay in the pool, summed over
+  // head-sequences. 0 without reading anything while no install has placed far slots; else one
+  // kernel and one counted device-to-host read.
+  [[nodiscard]] std::int64_t far_tokens() const {
+    if (!far_installed_) return 0;
+    ::thrust::for_each_n(exec_.policy(), ::thrust::counting_iterator<std::int64_t>(0), sequences_,
+                         detail::far_slots_fn{lengths_.data(), plan_slots_.data(),
+                                              slot_pool_.data(), tier_capacity_,
+                                              far_slots_.data()});
+    std::vector<std::int32_t> far(static_cast<std::size_t>(sequences_));
+    copy_to_host(exec_, far_slots_, std::span<std::int32_t>(far));
+    std::int64_t t = 0;
+    for (const auto n : far) t += n;
     return t;
   }
   [[nodiscard]] std::int64_t resident_bytes() const { return resident_tokens() * row_pair_bytes(); }
@@ -645,20 +681,26 @@ class tiered_store {
   }
   [[nodiscard]] std::int64_t host_bytes() const { return host_tokens() * row_pair_bytes(); }
 
-  // store::tiered's counters: host_bytes, device_bytes from the shadow, installs (calls) counted
-  // on the host; bytes_to_device from the device's per-head-sequence counts of rows an install
-  // copied from the pool, so stats() is one counted device-to-host read (call it outside
-  // captured steps, as check()). bytes_to_host stays 0 (write-through pool), promotes 0 (every
-  // recall is an install).
+  // store::tiered's counters: host_bytes from the shadow, device_bytes as resident_bytes(),
+  // installs (calls) counted on the host; bytes_to_device from the device's per-head-sequence
+  // counts of rows an install copied from the pool. So stats() is one counted device-to-host
+  // read, two after far installs (call it outside captured steps, as check()). bytes_to_host
+  // stays 0 (write-through pool), promotes 0 (every recall is an install).
   [[nodiscard]] store::tier_stats stats() const {
     store::tier_stats s;
     s.host_bytes = host_bytes();
     s.device_bytes = resident_bytes();
     s.installs = installs_;
+    s.bytes_to_device = bytes_to_device();
+    return s;
+  }
+  // Bytes installs copied from the pool into the tier (the recalls): one counted read.
+  [[nodiscard]] std::int64_t bytes_to_device() const {
     std::vector<std::int64_t> rows(static_cast<std::size_t>(sequences_));
     copy_to_host(exec_, recalled_, std::span<std::int64_t>(rows));
-    for (const auto n : rows) s.bytes_to_device += n * row_pair_bytes();
-    return s;
+    std::int64_t b = 0;
+    for (const auto n : rows) b += n * row_pair_bytes();
+    return b;
   }
 
   // ---- E memory, for the Thrust algorithms run on exec().policy() ----
@@ -807,7 +849,8 @@ class tiered_store {
   // store::tiered's promote (and install of a completed recall: the pool is device-reachable).
   // With far = true (far_tier::attend) a missing position is placed in a free slot marked far
   // (slot_pool()) and nothing is copied or counted: its readers read the pool's row where it
-  // lies (working_rows), and the working set's length, and so every count, stays a host shadow.
+  // lies (working_rows). The working set's length stays a host shadow, so a step's counts need no
+  // read-back; resident_tokens() (the far slots left out) reads the device, outside steps.
   // A store serves one policy: once an install placed far slots, a copying install is refused
   // (a kept far slot would stay far, and tier readers would see a row that is not there).
   // Host-checked: seqs distinct and in range, one count each, 0 <= counts[r] <= min(tier
@@ -1073,7 +1116,7 @@ class tiered_store {
            pool_lengths_.bytes() + tier_keys_.bytes() + tier_values_.bytes() +
            slot_positions_.bytes() + slot_pool_.bytes() + plan_slots_.bytes() + plan_positions_.bytes() +
            free_slots_.bytes() + lengths_.bytes() + slot_offsets_.bytes() + recalled_.bytes() +
-           error_.bytes() + desc_.bytes() + bad_.bytes() + scratch_a_.bytes() +
+           far_slots_.bytes() + error_.bytes() + desc_.bytes() + bad_.bytes() + scratch_a_.bytes() +
            scratch_b_.bytes() + scratch_c_.bytes() + scratch_d_.bytes() + blocks_scratch_.bytes();
   }
 
@@ -1153,6 +1196,7 @@ class tiered_store {
   buffer<std::int32_t, E> lengths_;         // [sequences] working-set lengths
   buffer<std::int32_t, E> slot_offsets_;    // [sequences + 1] = s * tier_capacity
   buffer<std::int64_t, E> recalled_;        // [sequences] rows an install copied from the pool
+  mutable buffer<std::int32_t, E> far_slots_;  // [sequences] far_tokens()' per-sequence counts
   buffer<int, E> error_;                    // [3] kept bad, install positions bad, NaN/Inf
   buffer<std::int32_t, E> desc_;            // [2 * sequences + 2] a call's descriptor
   buffer<int, E> bad_;                      // [sequences] per head / target: its set is bad

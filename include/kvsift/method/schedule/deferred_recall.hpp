@@ -58,7 +58,7 @@ class schedule::deferred_recall::state {
   using roles_type = typename Recipe::roles;
   using role_state = typename roles_type::slot_state;
   using decision = typename roles_type::decision;
-  using pending_type = detail::pending_recalls<T, decision>;
+  using pending_type = detail::pending_recalls<Store, decision>;
   using hooks = detail::two_tier<Store>;
 
  public:

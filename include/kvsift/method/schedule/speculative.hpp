@@ -193,7 +193,7 @@ class schedule::speculative::state {
       pending_.discard(*xfer_, k);
       const int next = pool.tokens_ahead(t.request, layer);
       decision d{next, select_pages(m, t.request, layer, t.query, next)};
-      std::vector<typename detail::pending_recalls<T, decision>::target> targets;
+      std::vector<typename detail::pending_recalls<Store, decision>::target> targets;
       const auto boundary = st.next_position(t.request, layer);  // step t+1's token, resident
       for (int h = 0; h < sh.kv_heads; ++h) {
         targets.push_back({sh.sequence(t.request, layer, h),
@@ -383,7 +383,7 @@ class schedule::speculative::state {
   }
 
   std::unique_ptr<xfer_type> xfer_;  // a worker thread: held by pointer (the method moves)
-  detail::pending_recalls<T, decision> pending_;  // per (request, layer): the selection for t+1
+  detail::pending_recalls<Store, decision> pending_;  // per (request, layer): the selection for t+1
   std::vector<int> steps_;                        // [requests * layers]
   std::int64_t refreshes_ = 0;
   std::int64_t corrections_made_ = 0;

@@ -53,11 +53,12 @@
 
 namespace kvsift::detail {
 
-template <Element T, class Decision>
+template <class Store, class Decision>
 class pending_recalls {
+  using T = typename Store::element_type;
   // the store's Transfer slot: every recall goes through it
-  using xfer_type = typename store::tiered<T>::transfer_type;
-  static_assert(RecallTransfer<xfer_type, store::tiered<T>>,
+  using xfer_type = typename Store::transfer_type;
+  static_assert(RecallTransfer<xfer_type, Store>,
                 "kvsift: a two-tier store's transfer_type recalls through submit/ready/wait/"
                 "release/cancel/stats (RecallTransfer, concepts.hpp)");
 
@@ -84,7 +85,7 @@ class pending_recalls {
   // Sets the working set of seq to `positions` (ascending, in the host pool) now: under recall
   // the missing rows are copied synchronously (store.promote, a stall's worth of copy); under
   // attend the resident ones stay, the others become seq's far rows.
-  void place(store::tiered<T>& st, std::int64_t seq, std::span<const std::int32_t> positions) {
+  void place(Store& st, std::int64_t seq, std::span<const std::int32_t> positions) {
     if (policy_ == far_tier::recall) {
       st.promote(seq, positions);
       return;
@@ -99,7 +100,7 @@ class pending_recalls {
 
   // The step's far rows into plan.far, one segment per segment of plan.slots (requests x KV
   // heads of `layer`); plan.far is left empty under recall.
-  void fill_far(const store::tiered<T>& st, int layer, attention_plan& plan, std::int64_t& rows) const {
+  void fill_far(const Store& st, int layer, attention_plan& plan, std::int64_t& rows) const {
     plan.far.clear();
     if (policy_ == far_tier::recall) return;
     const auto& sh = st.shape();
@@ -130,7 +131,7 @@ class pending_recalls {
   // apply in order. Positions must be in the host pool. A submit that throws leaves no pending
   // decision (the method's state is unchanged).
   template <class Commit>
-  void submit(xfer_type& x, store::tiered<T>& st, std::size_t key, std::vector<target> targets,
+  void submit(xfer_type& x, Store& st, std::size_t key, std::vector<target> targets,
               Decision decision, Commit&& commit) {
     if (slots_[key].active) complete(x, st, key, commit);
     std::vector<transfer::recall_request> what;
@@ -157,7 +158,7 @@ class pending_recalls {
   // failed recall throws kvsift::error with the store and the method's state unchanged (the
   // decision is dropped, never committed).
   template <class Commit>
-  void complete(xfer_type& x, store::tiered<T>& st, std::size_t key, Commit&& commit) {
+  void complete(xfer_type& x, Store& st, std::size_t key, Commit&& commit) {
     auto& s = slots_[key];
     if (!s.active) return;
     s.active = false;
@@ -196,7 +197,7 @@ class pending_recalls {
   // kept row must be resident), releases the recall, then calls commit(decision). A failed
   // recall throws like complete() (the landing released, the decision dropped).
   template <class Keep, class Commit>
-  void complete_part(xfer_type& x, store::tiered<T>& st, std::size_t key, Keep&& keep,
+  void complete_part(xfer_type& x, Store& st, std::size_t key, Keep&& keep,
                      Commit&& commit) {
     auto& s = slots_[key];
     if (!s.active) return;
@@ -267,7 +268,7 @@ class pending_recalls {
     std::int64_t rows = 0;
   };
   // prefill part ∪ the resident positions >= boundary, ascending.
-  static std::vector<std::int32_t> working_set(const store::tiered<T>& st, const target& t) {
+  static std::vector<std::int32_t> working_set(const Store& st, const target& t) {
     std::vector<std::int32_t> out = t.prefill;
     for (int i = 0; i < st.length(t.seq); ++i) {
       if (st.position(t.seq, i) >= t.boundary) out.push_back(st.position(t.seq, i));
