@@ -2,19 +2,23 @@
 // The engine's control of threading (issue 29): cpu::scoped_threading runs every parallel loop of
 // the library on the calling thread, or hands it to the engine's executor; the choice is scoped
 // and per thread, exceptions still reach the caller as kvsift::error, and a method's plans and
-// outputs do not depend on it.
+// outputs do not depend on it. cpu::host_task, the library's worker beside the caller (the host
+// part of far_tier::attend on the simulated device): its task overlaps the caller's work.
 
+#include <kvsift/cpu/host_task.hpp>
 #include <kvsift/kvsift.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <random>
 #include <set>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -233,4 +237,75 @@ TEST_CASE("threading: H2O's running scores and plans are the same on the caller'
     CHECK(run() == base);
   }
   CHECK(pool.loops > 0);
+}
+
+// start() returns once the task has begun on the worker, not once it has ended: a task that waits
+// for the caller's signal (sent after start() returns) ends, and its start is an earlier tick
+// than anything the caller stamps after start().
+TEST_CASE("threading: a host task runs beside the caller, begun before start() returns",
+          "[threading][host_task]") {
+  kvsift::cpu::host_task task;
+  for (int round = 0; round < 3; ++round) {  // one worker for every task
+    std::atomic<bool> go{false};
+    bool saw_go = false;
+    std::thread::id ran_on;
+    auto running = task.start([&] {
+      ran_on = std::this_thread::get_id();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!go.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      saw_go = go.load();
+    });
+    const auto caller_tick = task.now();
+    go = true;
+    running.finish();
+    CHECK(saw_go);  // the task ran while the caller went on
+    CHECK(task.started_at() < caller_tick);
+    CHECK(ran_on == task.worker());
+    CHECK(ran_on != std::this_thread::get_id());
+  }
+}
+
+TEST_CASE("threading: a host task's exception reaches finish(); the worker runs the next task",
+          "[threading][host_task]") {
+  kvsift::cpu::host_task task;
+  {
+    auto failing = task.start([] { kvsift::require(false, "task", "x", 3, "not 3"); });
+    REQUIRE_THROWS_WITH(failing.finish(), Catch::Matchers::ContainsSubstring("not 3"));
+  }
+  int ran = 0;
+  task.start([&] { ran = 1; }).finish();
+  CHECK(ran == 1);
+  // a guard left unfinished (its caller unwinding) waits for the task before its captures go
+  std::atomic<bool> done{false};
+  try {
+    auto running = task.start([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      done = true;
+      kvsift::require(false, "task", "y", 4, "dropped");
+    });
+    kvsift::require(false, "caller", "z", 5, "unwinding");
+  } catch (const kvsift::error& e) {
+    CHECK(std::string(e.what()).find("unwinding") != std::string::npos);
+    CHECK(done);
+  }
+  task.start([&] { ran = 2; }).finish();
+  CHECK(ran == 2);
+}
+
+TEST_CASE("threading: a host task's loops follow the caller's scoped_threading",
+          "[threading][host_task]") {
+  kvsift::cpu::host_task task;
+  two_thread_executor pool;
+  std::set<std::thread::id> on_caller;
+  {
+    kvsift::cpu::scoped_threading serial(kvsift::cpu::threading::caller);
+    task.start([&] { on_caller = threads_of_loop(1 << 12); }).finish();
+  }
+  CHECK(on_caller == std::set<std::thread::id>{task.worker()});
+  {
+    kvsift::cpu::scoped_threading on_pool(pool);
+    task.start([] { kvsift::cpu::parallel_for(100, [](std::int64_t) {}); }).finish();
+  }
+  CHECK(pool.loops == 1);
+  CHECK(pool.items == 100);
 }

@@ -214,6 +214,7 @@ struct config {
   std::vector<double> recalled;  // per prompt: bytes recalls installed (host pool -> resident tier)
   std::vector<double> stalls;    // per prompt: decode steps that waited for a transfer
   std::vector<std::int64_t> far_rows;  // per prompt: host-pool rows attended where they lie
+  std::vector<std::int64_t> far_overlaps;  // per prompt: steps whose host part overlapped (sim)
   std::vector<fidelity> fid;     // per prompt: attention-output error and logit KL vs full
   std::vector<int> bytes_right;  // per prompt: answer bytes 1.. right under teacher forcing
   std::vector<int> bytes_scored; // per prompt: answer bytes 1.. (len(answer) - 1)
@@ -883,7 +884,10 @@ nlohmann::json to_json(const std::string& model_dir, const std::string& kernel_n
                         {"bytes_recalled", c.recalled[i]}, {"stalls", c.stalls[i]},
                         {"prefill_s", x.prefill_seconds}, {"decode_s", x.decode_seconds}};
       if (x.task == "chain") it["hops_right"] = x.hops_right;
-      if (!c.far.empty()) it["far_rows"] = c.far_rows[i];
+      if (!c.far.empty()) {
+        it["far_rows"] = c.far_rows[i];
+        it["far_overlaps"] = c.far_overlaps[i];
+      }
       it["bytes_right_tf"] = c.bytes_right[i];
       it["bytes_scored_tf"] = c.bytes_scored[i];
       it["layer_resident_kv"] = c.layer_resident[i];
@@ -1253,6 +1257,7 @@ nlohmann::json run_job(const job& jb, const run_options& o, bool json, bool prin
           c.recalled.push_back(static_cast<double>(c.cache->stats().bytes_transferred));
           c.stalls.push_back(static_cast<double>(c.cache->stats().stalls));
           c.far_rows.push_back(c.cache->stats().far_rows);
+          c.far_overlaps.push_back(c.cache->stats().far_overlaps);
           if (c.cache->page_size() > 0) {  // a full cache's pages at the end: prompt + decoded
             const std::int64_t P = c.cache->page_size();
             const std::int64_t tokens = r.prompt_len + r.decode_steps;
@@ -1347,8 +1352,9 @@ int eval(const std::vector<std::string>& args) {
         "  --far recall|attend: where SyncKV, HeteroCache and FreeKV read the host-pool rows a\n"
         "  step needs: recall copies them into the resident tier (default); attend leaves them\n"
         "  in the host pool and attends them there, merged by log-sum-exp (bytes_recalled 0;\n"
-        "  far_rows counts them). The JSON names the policy (\"far\"). Every --exec; with\n"
-        "  --kernel library only (the engine's kernel reads the resident rows only).\n"
+        "  far_rows counts them; far_overlaps, the layer steps whose host part ran beside the\n"
+        "  device part, on thrust-cpp|thrust-omp). The JSON names the policy (\"far\"). Every\n"
+        "  --exec; with --kernel library only (the engine's kernel reads the resident rows only).\n"
         "  Fidelity (table and JSON): each prompt is also decoded through the engine's full_cache;\n"
         "  att.err is the relative L2 error of each layer's attention output against it (mean over\n"
         "  layers and over the decode steps whose tokens so far equal the full cache's), KL the\n"

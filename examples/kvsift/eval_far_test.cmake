@@ -4,7 +4,8 @@
 # every item recalls nothing under attend and reads its host-pool rows where they lie (far_rows)
 # exactly where recall moved bytes; the JSON names the policy of the call and of each run; over
 # device memory (--exec thrust-cpp) attend gives the host's outputs, far rows and resident
-# shares, 0 bytes recalled; a bad --far, and attend with the engine's kernel, are refused naming
+# shares, 0 bytes recalled, and its far partials ran as a host task beside the device part
+# (far_overlaps > 0 in every item; 0 on the host); a bad --far, and attend with the engine's kernel, are refused naming
 # --far.
 # Run as: cmake -DKVSIFT=<kvsift binary> -DSRC=<source dir> -DWORK=<scratch dir> -P eval_far_test.cmake
 file(MAKE_DIRECTORY ${WORK})
@@ -80,6 +81,13 @@ foreach(i RANGE ${last})
     if(NOT out_d STREQUAL out_a OR NOT bytes_d EQUAL 0 OR NOT rows_d EQUAL rows_a)
       message(FATAL_ERROR "${method} item ${k} over device memory: output '${out_d}', ${bytes_d} "
                           "bytes recalled, ${rows_d} far rows; on the host '${out_a}', 0, ${rows_a}")
+    endif()
+    string(JSON overlaps_a GET "${a}" runs ${i} items ${k} far_overlaps)
+    string(JSON overlaps_d GET "${dv}" runs ${i} items ${k} far_overlaps)
+    if(NOT overlaps_a EQUAL 0 OR NOT overlaps_d GREATER 0)
+      message(FATAL_ERROR "${method} item ${k}: far_overlaps ${overlaps_d} over device memory "
+                          "(expected > 0: the host part beside the device part), ${overlaps_a} on "
+                          "the host (expected 0)")
     endif()
     foreach(share resident_kv resident_kv_end)  # a far row's tier slot is not resident
       string(JSON share_a GET "${a}" runs ${i} items ${k} ${share})

@@ -485,6 +485,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   void stats(const M& m, method_stats& s) const {
     s.bytes_transferred = m.store().bytes_to_device();
     s.far_rows = step_.far_rows();
+    s.far_overlaps = step_.far_overlaps();
     s.refreshes = refreshes();
     s.stalls = 0;
     s.layer_budgets = layer_budgets_;

@@ -404,6 +404,7 @@ class schedule::speculative::state<thrust::tiered_store<T, E>, Recipe> {
   void stats(const M& m, method_stats& s) const {
     s.bytes_transferred = m.store().bytes_to_device();
     s.far_rows = step_.far_rows();
+    s.far_overlaps = step_.far_overlaps();
     s.refreshes = refreshes_ + device_counters()[1];
     s.stalls = 0;
     for (int l = 0; l < m.store().shape().layers; ++l) {

@@ -30,11 +30,23 @@
 //           made (far_rows(), as the host counts its plan's far rows).
 //           A far slot keeps the counts host shadows: a far row takes a tier slot that holds
 //           no bytes (tiered_store::held_slots() counts it, resident_tokens() does not).
-//           Three passes per request, one thread per query head.
+//           On exec::sim the far partials run on the host, as a task on the library's worker
+//           thread (cpu::host_task), while the device part runs the resident partials: the
+//           device part starts once the task has begun, the merges once it has ended.
+//           far_overlaps() counts the steps whose host part began before their device part
+//           ended, on another thread (the ordering of an overlap). The task reads the pool, the
+//           plan and the queries in sim memory directly (sim memory is host memory), which
+//           models a pool in host memory but not how a GPU host would reach the plan and the
+//           queries. On exec::cuda the pool is device memory here, so the far partials are a
+//           device pass too (a pool in mapped pinned memory, the host part launched on the
+//           stream, is not built).
+//           One thread per query head in every pass.
 
 #include <kvsift/attention/merge.hpp>
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
+#include <kvsift/cpu/host_task.hpp>
+#include <kvsift/cpu/parallel.hpp>
 #include <kvsift/device/one_tier.hpp>
 #include <kvsift/method/lifecycle.hpp>
 #include <kvsift/thrust/attention.hpp>
@@ -46,12 +58,15 @@
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace kvsift::detail {
@@ -159,8 +174,8 @@ class device_two_tier {
         step_positions_(exec_, static_cast<std::size_t>(st.requests())),
         attention_ws_(exec_, thrust::attention_workspace_bytes(
                                  static_cast<std::int64_t>(per_request()), G_, 1)),
-        part_out_(exec_, far == far_tier::attend ? 2 * static_cast<std::size_t>(H_) * G_ * st.shape().head_dim : 0),
-        part_lse_(exec_, far == far_tier::attend ? 2 * static_cast<std::size_t>(H_) * G_ : 0),
+        part_out_(exec_, far == far_tier::attend ? 2 * partial_rows(st) * st.shape().head_dim : 0),
+        part_lse_(exec_, far == far_tier::attend ? 2 * partial_rows(st) : 0),
         far_rows_(exec_, far == far_tier::attend ? static_cast<std::size_t>(st.sequences()) : 0) {
     require(far == far_tier::attend || !st.far_installed(), "device_two_tier", "params.far",
             to_string(far), "attend on a store whose installs placed far slots (one policy per store)");
@@ -176,6 +191,10 @@ class device_two_tier {
                const std::int32_t* positions) const {
     st.install(seqs, counts, positions, far_ == far_tier::attend);
   }
+
+  // Steps (attend() calls) whose far partials ran as a host task that began before their device
+  // part ended, on a thread other than the caller's (exec::sim; 0 on exec::cuda and under recall).
+  [[nodiscard]] std::int64_t far_overlaps() const { return far_overlaps_; }
 
   // Rows of the pool the steps attended where they lie (far_tier::attend; 0 under recall), as
   // method_stats::far_rows counts them: summed over steps, layers and KV heads. One counted
@@ -244,6 +263,7 @@ class device_two_tier {
                              count_far_fn<T>{part, far_rows_.data()});
       }
     }
+    step_rows_ = plan.offsets.back();
     plan.page_offsets.clear();
     plan.pages = nullptr;
     thrust::copy_to_device(exec_, std::span<const std::int32_t>(plan.offsets), plan_offsets_);
@@ -283,8 +303,14 @@ class device_two_tier {
  private:
   [[nodiscard]] std::size_t per_request() const { return static_cast<std::size_t>(H_) * cap_; }
 
-  // far_tier::attend: per request, the partial over the resident slots, the partial over the far
-  // slots, and their merge into out.
+  // Partials for every request of the store, [requests, q_heads] rows each of near and far.
+  [[nodiscard]] static std::size_t partial_rows(const Store& st) {
+    return static_cast<std::size_t>(st.requests()) * st.shape().q_heads;
+  }
+
+  // far_tier::attend: per token of the step, the partial over the resident slots (the device
+  // part), the partial over the far slots (the host part: a host task on exec::sim) and their
+  // merge into out.
   void attend_split(const Store& st, int layer, std::span<const decode_token<T>> tokens,
                     float* out) const {
     const auto& sh = st.shape();
@@ -292,19 +318,51 @@ class device_two_tier {
     const int Q = H_ * G_;
     const auto policy = exec_.policy();
     const ::thrust::counting_iterator<int> zero(0);
-    float* near_out = part_out_.data();
-    float* far_out = near_out + static_cast<std::size_t>(Q) * d;
-    float* near_lse = part_lse_.data();
-    float* far_lse = near_lse + Q;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::size_t far_at = part_lse_.size() / 2;  // the far partials follow the near ones
+    const auto lse_of = [&](std::size_t i, bool far) {
+      return part_lse_.data() + (far ? far_at : 0) + i * Q;
+    };
+    const auto out_of = [&](std::size_t i, bool far) {
+      return part_out_.data() + ((far ? far_at : 0) + i * Q) * static_cast<std::size_t>(d);
+    };
+    const auto partial = [&](std::size_t i, bool far) {
       const split_part<T> part{st.rows(), local_offsets_.data() + i * (H_ + 1),
                                plan_slots_.data() + plan_base_[i], tokens[i].query,
-                               sh.sequence(tokens[i].request, layer, 0), G_, d, scale};
-      ::thrust::for_each_n(policy, zero, Q, split_partial_fn<T>{part, false, near_out, near_lse});
-      ::thrust::for_each_n(policy, zero, Q, split_partial_fn<T>{part, true, far_out, far_lse});
+                               sh.sequence(tokens[i].request, layer, 0), G_, d,
+                               1.0f / std::sqrt(static_cast<float>(d))};
+      return split_partial_fn<T>{part, far, out_of(i, far), lse_of(i, far)};
+    };
+    const auto device_part = [&] {
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        ::thrust::for_each_n(policy, zero, Q, partial(i, false));
+      }
+    };
+    if constexpr (thrust::SimExec<E>) {  // the host part: sim memory is host memory
+      if (!host_) host_ = std::make_unique<cpu::host_task>();
+      // a query head reads about its KV head's share of the step's plan rows, keys and values
+      const auto heads = static_cast<std::int64_t>(tokens.size()) * H_;
+      const std::int64_t work = std::max<std::int64_t>(1, 2 * step_rows_ * d / heads);
+      auto host_part = host_->start([&] {
+        const auto n = static_cast<std::int64_t>(tokens.size()) * Q;
+        cpu::parallel_for(n, [&](std::int64_t r) {
+          partial(static_cast<std::size_t>(r / Q), true)(static_cast<int>(r % Q));
+        }, cpu::par, work);
+      });
+      device_part();
+      const auto device_end = host_->now();
+      host_part.finish();
+      const bool apart = host_->worker() != std::this_thread::get_id();
+      far_overlaps_ += host_->started_at() < device_end && apart ? 1 : 0;
+    } else {
+      device_part();
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        ::thrust::for_each_n(policy, zero, Q, partial(i, true));
+      }
+    }
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
       ::thrust::for_each_n(policy, zero, Q,
-                           merge_partials_fn{near_out, near_lse, far_out, far_lse,
+                           merge_partials_fn{out_of(i, false), lse_of(i, false), out_of(i, true),
+                                             lse_of(i, true),
                                              out + i * static_cast<std::size_t>(Q) * d, d});
     }
   }
@@ -317,12 +375,15 @@ class device_two_tier {
   thrust::buffer<std::int32_t, E> plan_offsets_, local_offsets_, plan_slots_, plan_positions_,
       step_positions_;
   mutable thrust::buffer<std::byte, E> attention_ws_;  // attend() is const
-  // far_tier::attend (empty under recall): the partials [2, Q, d] and their log-sum-exps [2, Q],
-  // and the far rows attended per head-sequence [sequences]
+  // far_tier::attend (empty under recall): the partials [2, requests * Q, d] (near, then far),
+  // their log-sum-exps [2, requests * Q] and the far rows attended per head-sequence [sequences]
   mutable thrust::buffer<float, E> part_out_, part_lse_;
   mutable thrust::buffer<std::int64_t, E> far_rows_;
+  mutable std::unique_ptr<cpu::host_task> host_;  // exec::sim under attend: the far partials' task
+  mutable std::int64_t far_overlaps_ = 0;
   // host: the step's descriptor
   std::vector<std::int64_t> seqs_, plan_base_;
+  std::int64_t step_rows_ = 0;  // the step's plan rows, all tokens and KV heads
   std::vector<std::int32_t> host_positions_;
 };
 

@@ -233,6 +233,9 @@ struct method_stats {
   std::vector<int> layer_budgets;      // [layers] last budget (tokens) applied per layer, -1 if none
   std::int64_t far_rows = 0;           // host-pool rows attended where they lie (far_tier::attend),
                                        // summed over the steps' plans
+  std::int64_t far_overlaps = 0;       // steps (layer attentions) whose host part of attend
+                                       // began before their device part ended, on another
+                                       // thread (device_two_tier on exec::sim; else 0)
   std::int64_t pages = -1;             // pages a paged store holds now (-1: the store is not paged)
   int page_size = 0;                   // its tokens per page (0: not paged)
 };
