@@ -22,7 +22,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
+#include <memory>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -31,10 +32,16 @@ namespace kvsift::cpu {
 
 class host_task {
  public:
-  // The task start() handed over: finish() waits for it; the destructor too, if finish() did not.
+  // The task start() handed over, held here while it runs: finish() waits for it; the destructor
+  // too, if finish() did not. Built in place (start() returns it as a prvalue), never moved, so
+  // the worker's pointer to the task stays good and nothing is allocated per task.
+  template <class Fn>
   class running {
    public:
-    explicit running(host_task& t) : task_(&t) {}
+    template <class F>
+    running(host_task& t, F&& task) : task_(&t), fn_(std::forward<F>(task)) {
+      t.hand(+[](void* fn) { (*static_cast<Fn*>(fn))(); }, std::addressof(fn_));
+    }
     running(const running&) = delete;
     running& operator=(const running&) = delete;
     ~running() {
@@ -49,6 +56,7 @@ class host_task {
 
    private:
     host_task* task_;
+    Fn fn_;
   };
 
   host_task() = default;
@@ -65,15 +73,9 @@ class host_task {
   }
 
   // Hands `task` to the worker and returns once it has begun there (started_at() is its tick).
-  [[nodiscard]] running start(std::function<void()> task) {
-    if (!worker_.joinable()) worker_ = std::thread([this] { loop(); });
-    std::unique_lock lock(mu_);
-    task_ = std::move(task);
-    threading_ = detail::current_threading();
-    state_ = state::handed;
-    cv_.notify_all();
-    cv_.wait(lock, [this] { return state_ != state::handed; });
-    return running(*this);
+  template <class F>
+  [[nodiscard]] running<std::decay_t<F>> start(F&& task) {
+    return running<std::decay_t<F>>(*this, std::forward<F>(task));
   }
 
   // A tick of the task's clock (every call a later one); started_at() is the last task's.
@@ -83,6 +85,17 @@ class host_task {
 
  private:
   enum class state { idle, handed, running };
+
+  void hand(void (*run)(void*), void* fn) {
+    if (!worker_.joinable()) worker_ = std::thread([this] { loop(); });
+    std::unique_lock lock(mu_);
+    run_ = run;
+    fn_ = fn;
+    threading_ = detail::current_threading();
+    state_ = state::handed;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return state_ != state::handed; });
+  }
 
   void wait() {
     std::unique_lock lock(mu_);
@@ -95,7 +108,6 @@ class host_task {
     for (;;) {
       cv_.wait(lock, [this] { return stop_ || state_ == state::handed; });
       if (stop_) return;
-      auto task = std::move(task_);
       detail::current_threading() = threading_;
       started_at_ = now();
       state_ = state::running;
@@ -103,7 +115,7 @@ class host_task {
       lock.unlock();
       std::exception_ptr error;
       try {
-        task();
+        run_(fn_);
       } catch (...) {
         error = std::current_exception();
       }
@@ -117,7 +129,8 @@ class host_task {
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread worker_;
-  std::function<void()> task_;
+  void (*run_)(void*) = nullptr;  // the running guard's task: run_(fn_)
+  void* fn_ = nullptr;
   detail::threading_choice threading_;
   std::exception_ptr error_;
   std::atomic<std::uint64_t> clock_{0};

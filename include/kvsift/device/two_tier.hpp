@@ -66,7 +66,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 namespace kvsift::detail {
@@ -351,8 +350,7 @@ class device_two_tier {
       device_part();
       const auto device_end = host_->now();
       host_part.finish();
-      const bool apart = host_->worker() != std::this_thread::get_id();
-      far_overlaps_ += host_->started_at() < device_end && apart ? 1 : 0;
+      far_overlaps_ += host_->started_at() < device_end ? 1 : 0;  // the worker is never the caller
     } else {
       device_part();
       for (std::size_t i = 0; i < tokens.size(); ++i) {
