@@ -98,16 +98,18 @@ struct count_far_fn {
 
 // One query head's partial attention over the plan rows of its KV head that lie in one tier (the
 // resident slots, or with far the far slots), in plan order, and its log-sum-exp (-inf when the
-// part is empty, out 0). Logits in core/dot.hpp's order, the softmax's exponent of
-// thrust/math.hpp.
+// part is empty, out 0). Logits in core/dot.hpp's order, kept for the weights' pass (each key is
+// read once), the softmax's exponent of thrust/math.hpp.
 template <class T>
 struct split_partial_fn {
   split_part<T> p;
   bool far;
-  float* out;  // [H * G, d]
-  float* lse;  // [H * G]
+  float* out;     // [H * G, d]
+  float* lse;     // [H * G]
+  float* logits;  // [plan rows, G]: the near and far partials write disjoint rows
   KVSIFT_HOST_DEVICE void operator()(int row) const {
     const int h = row / p.G;
+    const int g = row % p.G;
     const std::int64_t seq = p.seq0 + h;
     const float* q = p.query + static_cast<std::int64_t>(row) * p.d;
     float* o = out + static_cast<std::int64_t>(row) * p.d;
@@ -116,6 +118,7 @@ struct split_partial_fn {
     for (int t = p.offsets[h]; t < p.offsets[h + 1]; ++t) {
       if (p.rows.far(seq, p.slots[t]) != far) continue;
       const float logit = kvsift::dot(q, p.rows.key(seq, p.slots[t]), p.d) * p.scale;
+      logits[static_cast<std::int64_t>(t) * p.G + g] = logit;
       top = logit > top ? logit : top;
       ++n;
     }
@@ -127,11 +130,9 @@ struct split_partial_fn {
     double sum = 0.0;
     for (int t = p.offsets[h]; t < p.offsets[h + 1]; ++t) {
       if (p.rows.far(seq, p.slots[t]) != far) continue;
-      const std::int32_t slot = p.slots[t];
-      const float w =
-          kvsift::exact_expf(kvsift::dot(q, p.rows.key(seq, slot), p.d) * p.scale - top);
+      const float w = kvsift::exact_expf(logits[static_cast<std::int64_t>(t) * p.G + g] - top);
       sum += w;
-      const T* v = p.rows.value(seq, slot);
+      const T* v = p.rows.value(seq, p.slots[t]);
       for (int c = 0; c < p.d; ++c) o[c] += w * to_float(v[c]);
     }
     const float inv = static_cast<float>(1.0 / sum);
@@ -175,6 +176,7 @@ class device_two_tier {
                                  static_cast<std::int64_t>(per_request()), G_, 1)),
         part_out_(exec_, far == far_tier::attend ? 2 * partial_rows(st) * st.shape().head_dim : 0),
         part_lse_(exec_, far == far_tier::attend ? 2 * partial_rows(st) : 0),
+        part_logits_(exec_, far == far_tier::attend ? plan_slots_.size() * G_ : 0),
         far_rows_(exec_, far == far_tier::attend ? static_cast<std::size_t>(st.sequences()) : 0) {
     require(far == far_tier::attend || !st.far_installed(), "device_two_tier", "params.far",
             to_string(far), "attend on a store whose installs placed far slots (one policy per store)");
@@ -329,7 +331,8 @@ class device_two_tier {
                                plan_slots_.data() + plan_base_[i], tokens[i].query,
                                sh.sequence(tokens[i].request, layer, 0), G_, d,
                                1.0f / std::sqrt(static_cast<float>(d))};
-      return split_partial_fn<T>{part, far, out_of(i, far), lse_of(i, far)};
+      return split_partial_fn<T>{part, far, out_of(i, far), lse_of(i, far),
+                                 part_logits_.data() + plan_base_[i] * G_};
     };
     const auto device_part = [&] {
       for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -374,8 +377,9 @@ class device_two_tier {
       step_positions_;
   mutable thrust::buffer<std::byte, E> attention_ws_;  // attend() is const
   // far_tier::attend (empty under recall): the partials [2, requests * Q, d] (near, then far),
-  // their log-sum-exps [2, requests * Q] and the far rows attended per head-sequence [sequences]
-  mutable thrust::buffer<float, E> part_out_, part_lse_;
+  // their log-sum-exps [2, requests * Q], the step's logits [plan rows, G] and the far rows
+  // attended per head-sequence [sequences]
+  mutable thrust::buffer<float, E> part_out_, part_lse_, part_logits_;
   mutable thrust::buffer<std::int64_t, E> far_rows_;
   mutable std::unique_ptr<cpu::host_task> host_;  // exec::sim under attend: the far partials' task
   mutable std::int64_t far_overlaps_ = 0;
