@@ -23,9 +23,9 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <type_traits>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 namespace kvsift::cpu {
