@@ -20,7 +20,6 @@
 
 #include <kvsift/cuda/exec.cuh>
 #include <kvsift/device/deferred_recall.hpp>
-#include <kvsift/device/deferred_recall_stars.hpp>
 #include <kvsift/device/speculative.hpp>
 #include <kvsift/device/evict.hpp>
 #include <kvsift/device/sparse_read.hpp>

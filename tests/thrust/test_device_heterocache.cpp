@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// HeteroCache over device memory (device/deferred_recall_stars.hpp): method<thrust::tiered_store<T,
+// HeteroCache over device memory (device/deferred_recall.hpp, device/roles_stars.hpp): method<thrust::tiered_store<T,
 // E>, heterocache_recipe, E> on exec::sim, run beside kvsift::heterocache<T> on exec::host over
 // store::tiered with the same inputs: heads of all four roles (one layer with two monitored
 // pivots, one with a pivot without satellites), ragged batches (a random subset of the requests
@@ -20,7 +20,7 @@
 
 #include "../plan_reads.hpp"
 
-#include <kvsift/device/deferred_recall_stars.hpp>
+#include <kvsift/device/deferred_recall.hpp>
 #include <kvsift/method/heterocache.hpp>
 #include <kvsift/store/tiered.hpp>
 #include <kvsift/thrust/exec.hpp>

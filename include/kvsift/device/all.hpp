@@ -8,6 +8,5 @@
 
 #include <kvsift/device/evict.hpp>        // full KV, StreamingLLM, H2O, SnapKV, PyramidKV, DynamicKV, LagKV
 #include <kvsift/device/sparse_read.hpp>  // Quest
-#include <kvsift/device/deferred_recall.hpp>  // SyncKV (over a thrust::tiered_store)
-#include <kvsift/device/deferred_recall_stars.hpp>  // HeteroCache (over a thrust::tiered_store)
+#include <kvsift/device/deferred_recall.hpp>  // SyncKV, HeteroCache (over a thrust::tiered_store)
 #include <kvsift/device/speculative.hpp>      // FreeKV (over a thrust::tiered_store)

@@ -1,219 +1,56 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::deferred_recall over a device store: the state
-// method<thrust::tiered_store<T, E>, synckv_recipe, E> runs (the host state is
-// method/schedule/deferred_recall.hpp; this file is its Thrust mirror for SyncKV's roles::clusters,
-// a partial specialization constrained to them; device/deferred_recall_stars.hpp is HeteroCache's).
+// schedule::deferred_recall over a device store: the one device body of SyncKV and HeteroCache,
+// method<thrust::tiered_store<T, E>, Recipe, E>. The host body is
+// method/schedule/deferred_recall.hpp; this one has the same control flow and calls the roles'
+// device content half (detail::device_roles: device/roles_clusters.hpp for roles::clusters,
+// device/roles_stars.hpp for roles::stars) where the host body calls roles/.
 //
 //   kvsift::thrust::sim_arena arena;
 //   kvsift::exec::sim_cpp e{arena};
 //   kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp> st(e, shape, requests, 4096, 4096);
-//   kvsift::synckv<float, kvsift::exec::sim_cpp> m(st, params);   // synckv_recipe's params
+//   kvsift::synckv<float, kvsift::exec::sim_cpp> m(st, params);   // or heterocache<T, E>
 //   m.prefill(layer, chunk);                 // chunk views in E's memory
 //   const auto& plan = m.decode(layer, tokens);   // thrust::device_plan (slots are tier slots)
 //   m.attend(layer, tokens, out);            // queries and out in E's memory
 //   m.after_attention(layer, tokens);
 //
-// Contract: the host state's semantics (METHODS.md "SyncKV"): the same plans (as positions), the
-// same anticipation steps, the same resident tokens. Shapes are computed on the host, contents
-// stay on the device; the recall is a lazy copy queue (what is decided after step t is installed
-// at the request's next decode on the layer). Every buffer is allocated at construction; a decode
-// step (decode + attend + after_attention) uploads descriptors and reads nothing back.
-// The steps, capacities and what is not mirrored: docs/architecture.md, "Design notes from the
-// headers".
+//   prefill   appends every chunk to both tiers; at a prompt's end the roles place its heads
+//   decode t  installs the recall recorded after the request's previous step (a lazy copy queue),
+//             appends the token and plans every resident token (detail::device_two_tier)
+//   after t   where the trigger fires, the roles refresh and record the next recall
+// Every buffer is allocated at construction; a decode step uploads descriptors and reads nothing
+// back.
 
-#include <kvsift/budget/synckv.hpp>
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
-#include <kvsift/device/evict.hpp>
-#include <kvsift/device/one_tier.hpp>
+#include <kvsift/device/roles_clusters.hpp>
+#include <kvsift/device/roles_stars.hpp>
 #include <kvsift/device/two_tier.hpp>
 #include <kvsift/method/lifecycle.hpp>
 #include <kvsift/method/schedule/deferred_recall.hpp>
-#include <kvsift/method/synckv.hpp>
-#include <kvsift/roles/clusters.hpp>
-#include <kvsift/thrust/attention.hpp>
 #include <kvsift/thrust/exec.hpp>
-#include <kvsift/thrust/last_query_attention.hpp>
-#include <kvsift/thrust/static_dynamic.hpp>
 #include <kvsift/thrust/tiered_store.hpp>
 
-#include <thrust/fill.h>
-#include <thrust/for_each.h>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/sort.h>
-
-#include <algorithm>
 #include <cstddef>
-#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
-#include <vector>
-
-namespace kvsift::thrust::detail {
-
-// Rows of the R-heads of (request, layer) in plan order into a [S, cap, d] layout (segment s at
-// s * cap), their positions into [S, cap]: segment s = KV head heads[s], L rows each; a far
-// slot's row read where it lies (thrust::working_rows).
-template <class T>
-struct gather_plan_rows_fn {
-  thrust::working_rows<T> rows;
-  const std::int32_t* plan_slots;
-  const std::int32_t* plan_positions;
-  const std::int32_t* heads;  // [S] KV heads
-  std::int64_t seq0;          // sequence of head 0 of (request, layer)
-  int L, cap, d;
-  T* keys_out;
-  std::int32_t* positions_out;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
-    const int c = static_cast<int>(e % d);
-    const std::int64_t t = e / d;
-    const int s = static_cast<int>(t / L);
-    const int j = static_cast<int>(t % L);
-    const std::int64_t seq = seq0 + heads[s];
-    const std::int32_t slot = plan_slots[seq * cap + j];
-    keys_out[(static_cast<std::int64_t>(s) * cap + j) * d + c] = rows.key(seq, slot)[c];
-    if (c == 0) positions_out[static_cast<std::int64_t>(s) * cap + j] = plan_positions[seq * cap + j];
-  }
-};
-
-// The query rows of the R-heads' groups: out [S, G, d] = q.row(row, heads[s] * G + g).
-template <class Space>
-struct gather_query_groups_fn {
-  kv_view<const float, nhd, Space> q;
-  int row;
-  const std::int32_t* heads;
-  int G;
-  float* out;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
-    const int d = q.dim;
-    const int c = static_cast<int>(e % d);
-    const std::int64_t sg = e / d;
-    const int s = static_cast<int>(sg / G), g = static_cast<int>(sg % G);
-    out[e] = q.row(row, heads[s] * G + g)[c];
-  }
-};
-
-// The anticipation's keys in a fixed [S, cap] layout: (segment << 33) | (out << 32) | descending
-// score bits (thrust::static_dynamic's order), out = beyond the prompt or in the static set.
-struct anticipation_key_fn {
-  const float* scores;  // packed: segment s at s * L
-  const unsigned char* static_mask;  // [S, cap] by plan index
-  int L, limit, cap;
-  std::uint64_t* keys;
-  std::int32_t* items;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
-    const int s = static_cast<int>(e / cap);
-    const int j = static_cast<int>(e % cap);
-    const bool out = j >= limit || static_mask[e] != 0;
-    const float sc = j < L ? scores[static_cast<std::int64_t>(s) * L + j] : 0.0f;
-    keys[e] = (static_cast<std::uint64_t>(s) << 33) | (static_cast<std::uint64_t>(out ? 1u : 0u) << 32) |
-              static_cast<std::uint64_t>(descending_key(sc));
-    items[e] = static_cast<std::int32_t>(e);
-  }
-};
-
-// flags[item] = 1 for the first k items of each sorted segment (segment s at s * cap).
-struct take_top_fn {
-  const std::int32_t* sorted_items;
-  int k, cap;
-  std::int32_t* flags;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
-    const std::int64_t s = t / k;
-    flags[sorted_items[s * cap + t % k]] = 1;
-  }
-};
-
-// Per segment: the positions of the flagged plan indices, ascending, at out[s * k].
-struct compact_flags_fn {
-  const std::int32_t* flags;
-  const std::int32_t* positions;  // [S, cap] gathered positions
-  int cap, limit, k;
-  std::int32_t* out;
-  KVSIFT_HOST_DEVICE void operator()(int s) const {
-    int o = 0;
-    const std::int64_t base = static_cast<std::int64_t>(s) * cap;
-    for (int j = 0; j < limit && o < k; ++j) {
-      if (flags[base + j] != 0) out[static_cast<std::int64_t>(s) * k + o++] = positions[base + j];
-    }
-  }
-};
-
-// Local indices -> positions and the static mask: idx [S, k] uniform; positions [S, cap].
-struct static_record_fn {
-  const std::int32_t* idx;
-  const std::int32_t* positions;
-  int k, cap;
-  std::int32_t* static_pos;     // [S * k]
-  unsigned char* static_mask;   // [S, cap]
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
-    const std::int64_t s = t / k;
-    const std::int32_t j = idx[t];
-    static_pos[t] = positions[s * cap + j];
-    static_mask[s * cap + j] = 1;
-  }
-};
-struct index_to_position_fn {
-  const std::int32_t* idx;
-  const std::int32_t* positions;
-  int k, cap;
-  std::int32_t* out;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t t) const {
-    out[t] = positions[(t / k) * cap + idx[t]];
-  }
-};
-
-// Each follower f's working set: part[cseg[f]] (P entries) then the decode positions
-// [prompt_end, prompt_end + steps): out [F, P + steps].
-struct follower_targets_fn {
-  const std::int32_t* part;  // [S, P]
-  const std::int32_t* cseg;  // [F] cluster segment of each follower
-  int P, steps;
-  std::int32_t prompt_end;
-  std::int32_t* out;
-  KVSIFT_HOST_DEVICE void operator()(std::int64_t e) const {
-    const int n = P + steps;
-    const std::int64_t f = e / n;
-    const int j = static_cast<int>(e % n);
-    out[e] = j < P ? part[static_cast<std::int64_t>(cseg[f]) * P + j] : prompt_end + (j - P);
-  }
-};
-
-}  // namespace kvsift::thrust::detail
 
 namespace kvsift {
 
 template <Element T, thrust::DeviceExec E, class Recipe>
-  requires std::is_same_v<typename Recipe::roles, roles::clusters>
-class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
-  using Store = thrust::tiered_store<T, E>;
-  using space = typename E::memory_space;
-  using chunk_type = prefill_chunk<T, space>;
-  static_assert(std::is_same_v<typename Recipe::scorer, score::last_query_attention> &&
-                    std::is_same_v<typename Recipe::selector, select::static_dynamic> &&
-                    std::is_same_v<typename Recipe::trigger, trigger::stride>,
-                "kvsift::method on a device exec: the device deferred_recall state is SyncKV's "
-                "recipe (last_query_attention, static_dynamic, stride)");
+class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe>
+    : public detail::device_roles<typename Recipe::roles, T, E, Recipe> {
+  using content = detail::device_roles<typename Recipe::roles, T, E, Recipe>;
+  using chunk_type = prefill_chunk<T, typename E::memory_space>;
+  using content::slots_;
+  using content::step_;
 
  public:
   using plan_type = thrust::device_plan;
-  struct roles_view {
-    bool anticipated = false;
-  };
-  // The host shadow of (request, layer).
-  struct slot_state {
-    std::int32_t prompt_end = -1;  // positions below it are the prompt; -1 before its end
-    int steps = 0;                 // decode steps since the prompt ended
-    int n = 0;                     // prompt tokens
-    budget::synckv_split split{};
-    int k_static = 0, k_dynamic = 0;  // the prefill split of min(k, n): floor(rho k), the rest
-    bool pending = false;          // a recorded recall, installed by the next decode
-    int pending_count = 0;         // entries of each follower's recorded working set
-    roles_view roles{};
-  };
+  using typename content::slot_state;
 
   template <class R>
   static constexpr capabilities caps{
@@ -223,94 +60,19 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
       .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
       .speculative_decoding = false,
   };
-  static constexpr bool after_attention_reads_queries = true;
+  static constexpr bool after_attention_reads_queries = content::reads_step_query;
 
   template <class M>
-  explicit state(const M& m)
-      : exec_(m.store().exec()),
-        H_(m.store().shape().kv_heads),
-        G_(m.store().shape().q_heads / m.store().shape().kv_heads),
-        d_(m.store().shape().head_dim),
-        cap_(m.store().tier_capacity()),
-        layers_(m.store().shape().layers),
-        slots_(static_cast<std::size_t>(m.store().requests()) * layers_),
-        layer_budgets_(static_cast<std::size_t>(layers_), -1),
-        keys_pk_(exec_, per() * d_),
-        pos_pk_(exec_, per()),
-        qg_(exec_, static_cast<std::size_t>(H_) * G_ * d_),
-        qpos_(exec_, 1),
-        scores_(exec_, per()),
-        score_ws_(exec_, thrust::query_attention_workspace_bytes(static_cast<std::int64_t>(per()), G_, 1)),
-        sd_ws_(exec_, thrust::static_dynamic_split_workspace_bytes(static_cast<std::int64_t>(per()), H_)),
-        off_a_(exec_, static_cast<std::size_t>(H_) + 1),
-        off_b_(exec_, static_cast<std::size_t>(H_) + 1),
-        off_c_(exec_, static_cast<std::size_t>(H_) + 1),
-        off_d_(exec_, static_cast<std::size_t>(H_) + 1),
-        idx_a_(exec_, per()),
-        idx_b_(exec_, per()),
-        sort_keys_(exec_, per()),
-        sort_items_(exec_, per()),
-        flags_(exec_, per()),
-        dyn_pos_(exec_, per()),
-        part_(exec_, per()),
-        static_pos_(exec_, slots_.size() * per()),
-        static_mask_(exec_, slots_.size() * per()),
-        recall_pos_(exec_, slots_.size() * per()),
-        heads_d_(exec_, static_cast<std::size_t>(layers_) * H_),
-        cseg_d_(exec_, static_cast<std::size_t>(layers_) * H_),
-        step_(m.store(), detail::far_policy_of(m.parameters())) {
-    // per layer: the representatives with followers (one segment each, cluster order) and each
-    // follower's segment (roles::clusters::segments); uploaded once
-    std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_) * H_, 0), cseg(heads.size(), 0);
-    reps_.assign(static_cast<std::size_t>(layers_), {});
-    followers_.assign(static_cast<std::size_t>(layers_), {});
-    for (int l = 0; l < layers_; ++l) {
-      auto lay = m.parts().roles.segments(l);
-      const auto at = static_cast<std::ptrdiff_t>(l) * H_;
-      std::copy(lay.representatives.begin(), lay.representatives.end(), heads.begin() + at);
-      std::copy(lay.segment.begin(), lay.segment.end(), cseg.begin() + at);
-      reps_[l] = std::move(lay.representatives);
-      followers_[l] = std::move(lay.followers);
-    }
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(heads), heads_d_);
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(cseg), cseg_d_);
-    // warm the anticipation's fixed-size sort once per segment count (its scratch then comes
-    // from the arena's cache in every decode step)
-    std::vector<int> done;
-    for (int l = 0; l < layers_; ++l) {
-      const int S = static_cast<int>(reps_[l].size());
-      if (S == 0 || std::find(done.begin(), done.end(), S) != done.end()) continue;
-      done.push_back(S);
-      const std::int64_t N = static_cast<std::int64_t>(S) * cap_;
-      const auto policy = exec_.policy();
-      ::thrust::fill_n(policy, sort_keys_.data(), N, std::uint64_t{0});
-      ::thrust::fill_n(policy, sort_items_.data(), N, 0);
-      ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N, sort_items_.data());
-    }
-  }
+  explicit state(const M& m) : content(m) {}
   state(state&&) noexcept = default;
 
   [[nodiscard]] int steps(std::size_t slot) const { return slots_[slot].steps; }
   [[nodiscard]] const slot_state& at(std::size_t slot) const { return slots_[slot]; }
-  [[nodiscard]] bool recall_pending(std::size_t slot) const { return slots_[slot].pending; }
   [[nodiscard]] bool recall_in_flight(std::size_t) const { return false; }  // a lazy copy queue
-  [[nodiscard]] std::int64_t refreshes() const { return refreshes_; }
-  // The recorded recall of a slot (E memory): [followers, pending_count] positions, follower
-  // order = the layer's non-representative heads ascending. Valid while recall_pending(slot).
-  [[nodiscard]] const std::int32_t* recall_positions(std::size_t slot) const {
-    return recall_pos_.data() + slot * per();
-  }
-  // The static set of cluster segment s (clusters with followers, in cluster order) of a slot,
-  // positions ascending, k_static of them (E memory).
-  [[nodiscard]] const std::int32_t* static_positions(std::size_t slot, int s) const {
-    return static_pos_.data() + slot * per() + static_cast<std::size_t>(s) * slots_[slot].k_static;
-  }
   // Tests only: while true, decode() does not install recorded recalls (they stay pending and the
-  // followers keep their old rows: stale, as a forgotten install would leave them). The next
-  // anticipation still installs a pending one first (decisions apply in order), with the decode
-  // positions it recorded, so a test skips installs for one step only.
-  void debug_skip_installs(bool skip) { skip_installs_ = skip; }
-
+  // affected heads keep their old rows: stale, as a forgotten install would leave them). The next
+  // refresh still installs a pending one first (decisions apply in order).
+  void debug_skip_installs(bool skip) { this->skip_installs_ = skip; }
 
   // The host state's chunk checks plus room in the device tier (detail::device_two_tier).
   template <class M>
@@ -320,14 +82,13 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
                       slots_[m.slot(c.request, layer)].prompt_end < 0);
   }
   template <class M>
-  void check_prefill(const M& m, std::string_view where, int layer, std::span<const chunk_type> chunks,
-                     const prefill_totals& tot) const {
+  void check_prefill(const M& m, std::string_view where, int layer,
+                     std::span<const chunk_type> chunks, const prefill_totals& tot) const {
     for (const auto& c : chunks) {
       const int n = m.store().host_length(c.request, layer) + tot.added[c.request];
       if (c.last) m.parts().roles.check_prompt(where, n, m.parts().budgeter);
     }
   }
-
   template <class M>
   void prefill(M& m, int layer, std::span<const chunk_type> chunks) {
     auto& st = m.store();
@@ -340,15 +101,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
       s.prompt_end = st.next_position(c.request, layer);
       s.n = st.host_length(c.request, layer);
       m.history().clear(k);
-      // every head a representative: nothing to place and no budget (the host state's early
-      // return; budget::synckv has no split without a follower)
-      if (!m.parts().roles.places()) continue;
-      s.split = m.parts().budgeter.split(s.n);  // the recipe's budgeter
-      layer_budgets_[layer] = s.split.k;
-      const int kk = std::min(s.split.k, s.n);
-      s.k_static = m.parts().selector.static_count(kk);
-      s.k_dynamic = kk - s.k_static;
-      place(m, layer, c, s, k);
+      this->begin(m, layer, c, s, k);
     }
   }
 
@@ -356,242 +109,61 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   void check_decode(const M& m, std::string_view where, int layer,
                     std::span<const decode_token<T>> tokens) const {
     const auto& st = m.store();
-    const auto& sh = st.shape();
     for (const auto& t : tokens) {
       const auto& s = slots_[m.slot(t.request, layer)];
       require(s.prompt_end >= 0, where, "request", t.request,
               "a request whose prompt ended on this layer (prefill with last = true first)");
       require(st.host_length(t.request, layer) < st.host_capacity(), where, "request", t.request,
               "a head-sequence with room for one more token in the host pool");
-      for (int h = 0; h < H_; ++h) {
-        const int after = s.pending && !skip_installs_ && !is_rep(layer, h)
-                              ? s.pending_count
-                              : st.length(sh.sequence(t.request, layer, h));
-        require(after < cap_, where, "request", t.request,
+      for (int h = 0; h < this->H_; ++h) {
+        require(this->installed_length(m, s, t.request, layer, h) < this->cap_, where, "request",
+                t.request,
                 "room for one more token in the device tier of each KV head (tier_capacity " +
-                    std::to_string(cap_) + ")");
+                    std::to_string(this->cap_) + ")");
       }
     }
   }
-
   template <class M>
   void decode(M& m, int layer, std::span<const decode_token<T>> tokens, plan_type& plan) {
-    for (const auto& t : tokens) install(m, layer, t.request);
-    for (const auto& t : tokens) ++slots_[m.slot(t.request, layer)].steps;
+    for (const auto& t : tokens) {
+      this->begin_step(m, layer, t);
+      ++slots_[m.slot(t.request, layer)].steps;
+    }
     step_.append_and_plan(m.store(), layer, tokens, plan);
   }
-
   // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
   template <class M>
   void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
     step_.attend(m.store(), layer, tokens, m.plan(), out);
   }
-
   template <class M>
   void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
-    const auto& trig = m.parts().trigger;
-    const bool any = !reps_[layer].empty();
+    const bool any = this->refreshing(layer);
     for (const auto& t : tokens) {
       auto& s = slots_[m.slot(t.request, layer)];
-      s.roles.anticipated = false;
+      content::end_round(s);
       const trigger_context ctx{lifecycle_event::decode_step, s.steps, 0, 0, 0};
-      if (!any || !trig.fires(ctx)) continue;
-      anticipate(m, layer, t);
+      if (any && m.parts().trigger.fires(ctx)) this->fire(m, layer, t);
     }
   }
 
   template <class M>
   void reset(M& m, int request) {
-    for (int l = 0; l < layers_; ++l) slots_[m.slot(request, l)] = {};
+    for (int l = 0; l < this->layers_; ++l) slots_[m.slot(request, l)] = {};
     m.store().reset(request);
   }
+  // Reads back the store's copied rows (and HeteroCache's drift events): counted D2H reads.
   template <class M>
   void stats(const M& m, method_stats& s) const {
-    s.bytes_transferred = m.store().bytes_to_device();  // one counted read: outside steps
+    s.bytes_transferred = m.store().bytes_to_device();
     s.far_rows = step_.far_rows();
     s.far_overlaps = step_.far_overlaps();
-    s.refreshes = refreshes_;
+    s.refreshes = this->refreshes();
     s.stalls = 0;
-    s.layer_budgets = layer_budgets_;
+    s.layer_budgets = this->layer_budgets_;
   }
   template <class M>
   void release(M&) {}
-
- private:
-  [[nodiscard]] std::size_t per() const { return static_cast<std::size_t>(H_) * cap_; }
-  [[nodiscard]] bool is_rep(int layer, int h) const {
-    return std::find(followers_[layer].begin(), followers_[layer].end(), h) == followers_[layer].end();
-  }
-
-  // The R-heads with followers of (request, layer), L rows each in plan order, into keys_pk_ /
-  // pos_pk_; `q` row `row` their query groups into qg_; the scores into scores_ (S * L packed).
-  template <class M, class QSpace>
-  void score_reps(M& m, int layer, int request, int L, kv_view<const float, nhd, QSpace> q, int row,
-                  std::int32_t qpos) {
-    auto& st = m.store();
-    const int S = static_cast<int>(reps_[layer].size());
-    const auto policy = exec_.policy();
-    const std::int32_t* heads = heads_d_.data() + static_cast<std::size_t>(layer) * H_;
-    const std::int64_t seq0 = st.shape().sequence(request, layer, 0);
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
-                         static_cast<std::int64_t>(S) * L * d_,
-                         thrust::detail::gather_plan_rows_fn<T>{st.rows(), st.plan_slots(),
-                                                                st.plan_positions(), heads, seq0, L,
-                                                                cap_, d_, keys_pk_.data(), pos_pk_.data()});
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0),
-                         static_cast<std::int64_t>(S) * G_ * d_,
-                         thrust::detail::gather_query_groups_fn<QSpace>{q, row, heads, G_, qg_.data()});
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(&qpos, 1), qpos_);
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), S + 1,
-                         thrust::detail::uniform_offsets_fn{L, cap_, off_a_.data(), off_d_.data()});
-    const thrust::segmented_rows<T> keys{keys_pk_.data(), off_a_.data(), pos_pk_.data(),
-                                         static_cast<std::int64_t>(cap_) * d_, S, d_};
-    const thrust::window_queries wq{qg_.data(), qpos_.data(), 1, S, G_};
-    const auto& sp = m.parts().scorer.p;
-    thrust::query_attention_scores(policy, keys, wq, static_cast<std::int64_t>(S) * L, sp.kernel, sp.pool,
-                                   sp.gqa, scores_.data(), score_ws_.data(), score_ws_.size());
-  }
-
-  // The prompt's round of one request: static / dynamic split of the R-heads' scores, the
-  // followers' working sets installed (all resident: nothing copied).
-  template <class M>
-  void place(M& m, int layer, const chunk_type& c, slot_state& s, std::size_t slot) {
-    const int S = static_cast<int>(reps_[layer].size());
-    if (S == 0) return;
-    const int L = s.n;
-    score_reps(m, layer, c.request, L, c.queries, c.queries.tokens - 1, s.prompt_end - 1);
-    const auto policy = exec_.policy();
-    const int ks = s.k_static, kd = s.k_dynamic;
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), S + 1,
-                         thrust::detail::uniform_offsets_fn{ks, kd, off_b_.data(), off_c_.data()});
-    thrust::static_dynamic_split(policy, scores_.data(), off_a_.data(), S, static_cast<std::int64_t>(S) * L,
-                                 off_b_.data(), static_cast<std::int64_t>(S) * ks, idx_a_.data(),
-                                 off_c_.data(), static_cast<std::int64_t>(S) * kd, idx_b_.data(),
-                                 sd_ws_.data(), sd_ws_.size());
-    // the static sets stay: positions and the mask by plan index
-    unsigned char* mask = static_mask_.data() + slot * per();
-    ::thrust::fill_n(policy, mask, static_cast<std::int64_t>(per()), static_cast<unsigned char>(0));
-    if (ks > 0) {
-      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(S) * ks,
-                           thrust::detail::static_record_fn{idx_a_.data(), pos_pk_.data(), ks, cap_,
-                                                            static_pos_.data() + slot * per(), mask});
-    }
-    if (kd > 0) {
-      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(S) * kd,
-                           thrust::detail::index_to_position_fn{idx_b_.data(), pos_pk_.data(), kd, cap_,
-                                                                dyn_pos_.data()});
-    }
-    record_targets(m, layer, c.request, s, slot, kd, /*steps=*/0);
-    install_recorded(m, layer, c.request, s, slot);
-  }
-
-  // static ∪ dynamic (dyn_pos_: [S, kd]) per cluster segment, then each follower's working set
-  // (with its `steps` decode tokens) into the slot's recall buffer.
-  template <class M>
-  void record_targets(M& m, int layer, int request, slot_state& s, std::size_t slot, int kd, int steps) {
-    (void)m;
-    (void)request;
-    const int S = static_cast<int>(reps_[layer].size());
-    const int ks = s.k_static, P = ks + kd;
-    const auto policy = exec_.policy();
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), S + 1,
-                         thrust::detail::uniform_offsets_fn{ks, kd, off_b_.data(), off_c_.data()});
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), S + 1,
-                         thrust::detail::uniform_offsets_fn{P, P, off_d_.data(), off_d_.data()});
-    thrust::merge_sets(policy, off_b_.data(), static_pos_.data() + slot * per(),
-                       static_cast<std::int64_t>(S) * ks, off_c_.data(), dyn_pos_.data(),
-                       static_cast<std::int64_t>(S) * kd, S, off_d_.data(), part_.data());
-    const int F = static_cast<int>(followers_[layer].size());
-    const int n = P + steps;
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(F) * n,
-                         thrust::detail::follower_targets_fn{part_.data(),
-                                                             cseg_d_.data() + static_cast<std::size_t>(layer) * H_,
-                                                             P, steps, s.prompt_end,
-                                                             recall_pos_.data() + slot * per()});
-    s.pending = true;
-    s.pending_count = n;
-  }
-
-  template <class M>
-  void install_recorded(M& m, int layer, int request, slot_state& s, std::size_t slot) {
-    if (!s.pending) return;
-    const auto& sh = m.store().shape();
-    seqs_.clear();
-    counts_.clear();
-    for (const int h : followers_[layer]) {
-      seqs_.push_back(sh.sequence(request, layer, h));
-      counts_.push_back(s.pending_count);
-    }
-    step_.install(m.store(), seqs_, counts_, recall_pos_.data() + slot * per());
-    s.pending = false;
-  }
-  // The lazy copy queue: the recall recorded after the previous step, installed now.
-  template <class M>
-  void install(M& m, int layer, int request) {
-    const auto slot = m.slot(request, layer);
-    if (skip_installs_) return;
-    install_recorded(m, layer, request, slots_[slot], slot);
-  }
-
-  // An anticipation of request t.request after its step (trigger::stride fired): the R-heads'
-  // scores of q_t re-rank the prompt tokens outside the static sets; the followers' next working
-  // sets are recorded.
-  template <class M>
-  void anticipate(M& m, int layer, const decode_token<T>& t) {
-    auto& st = m.store();
-    const auto slot = m.slot(t.request, layer);
-    auto& s = slots_[slot];
-    if (s.pending) install_recorded(m, layer, t.request, s, slot);  // decisions apply in order
-    const int S = static_cast<int>(reps_[layer].size());
-    const int L = st.length(st.shape().sequence(t.request, layer, reps_[layer].front()));
-    score_reps(m, layer, t.request, L, kv_view<const float, nhd, space>::contiguous(t.query, 1, H_ * G_, d_), 0,
-               st.next_position(t.request, layer) - 1);
-    const int kd = std::min(s.split.k_dynamic, s.n - s.k_static);  // topk_of: at most the candidates
-    const auto policy = exec_.policy();
-    const std::int64_t N = static_cast<std::int64_t>(S) * cap_;  // fixed: the sort's scratch repeats
-    ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), N,
-                         thrust::detail::anticipation_key_fn{scores_.data(), static_mask_.data() + slot * per(),
-                                                             L, s.n, cap_, sort_keys_.data(),
-                                                             sort_items_.data()});
-    ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N, sort_items_.data());
-    ::thrust::fill_n(policy, flags_.data(), N, 0);
-    if (kd > 0) {
-      ::thrust::for_each_n(policy, ::thrust::counting_iterator<std::int64_t>(0), static_cast<std::int64_t>(S) * kd,
-                           thrust::detail::take_top_fn{sort_items_.data(), kd, cap_, flags_.data()});
-      ::thrust::for_each_n(policy, ::thrust::counting_iterator<int>(0), S,
-                           thrust::detail::compact_flags_fn{flags_.data(), pos_pk_.data(), cap_, s.n, kd,
-                                                            dyn_pos_.data()});
-    }
-    record_targets(m, layer, t.request, s, slot, kd, s.steps);
-    ++refreshes_;
-    s.roles.anticipated = true;
-  }
-
-  E exec_;
-  int H_, G_, d_, cap_, layers_;
-  std::vector<slot_state> slots_;  // [requests * layers]
-  std::vector<int> layer_budgets_;
-  std::int64_t refreshes_ = 0;
-  bool skip_installs_ = false;
-  std::vector<std::vector<int>> reps_, followers_;  // [layers] R-heads with followers; followers
-  // E memory, allocated once
-  thrust::buffer<T, E> keys_pk_;
-  thrust::buffer<std::int32_t, E> pos_pk_;
-  thrust::buffer<float, E> qg_;
-  thrust::buffer<std::int32_t, E> qpos_;
-  thrust::buffer<float, E> scores_;
-  thrust::buffer<std::byte, E> score_ws_, sd_ws_;
-  thrust::buffer<std::int32_t, E> off_a_, off_b_, off_c_, off_d_, idx_a_, idx_b_;
-  thrust::buffer<std::uint64_t, E> sort_keys_;
-  thrust::buffer<std::int32_t, E> sort_items_, flags_, dyn_pos_, part_;
-  thrust::buffer<std::int32_t, E> static_pos_;
-  thrust::buffer<unsigned char, E> static_mask_;
-  thrust::buffer<std::int32_t, E> recall_pos_;
-  thrust::buffer<std::int32_t, E> heads_d_, cseg_d_;
-  detail::device_two_tier<T, E> step_;  // the decode step's append, plan and attention
-  // host scratch
-  std::vector<std::int64_t> seqs_;
-  std::vector<int> counts_;
 };
 
 }  // namespace kvsift

@@ -37,7 +37,6 @@
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
 #include <kvsift/device/deferred_recall.hpp>
-#include <kvsift/device/deferred_recall_stars.hpp>
 #include <kvsift/device/evict.hpp>
 #include <kvsift/device/sparse_read.hpp>
 #include <kvsift/device/speculative.hpp>

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// What the two-tier schedules' device states share (device/deferred_recall.hpp: SyncKV,
-// device/deferred_recall_stars.hpp: HeteroCache, device/speculative.hpp: FreeKV), as
+// What the two-tier schedules' device states share (device/deferred_recall.hpp: SyncKV and
+// HeteroCache, device/speculative.hpp: FreeKV), as
 // detail::two_tier is for their host states:
 // a prefill chunk's checks and a decode step over a thrust::tiered_store on a device exec.
 //
@@ -11,6 +11,9 @@
 //   step.install(store, seqs, counts, positions);      // a state's install, under its policy
 //   step.append_and_plan(store, layer, tokens, plan);  // after the state's installs
 //   step.attend(store, layer, tokens, plan, out);
+//
+// detail::device_roles_base holds what the roles' device halves (device/roles_clusters.hpp,
+// device/roles_stars.hpp) share under schedule::deferred_recall's one device body.
 //
 // The host appends each request's token through the store (a device copy), packs the step's plan
 // (every token of each KV head's working set, ascending by position: tiered_store::plan_sorted
@@ -387,6 +390,46 @@ class device_two_tier {
   std::vector<std::int64_t> seqs_, plan_base_;
   std::int64_t step_rows_ = 0;  // the step's plan rows, all tokens and KV heads
   std::vector<std::int32_t> host_positions_;
+};
+
+// The roles' device content halves of schedule::deferred_recall's one device body
+// (device/deferred_recall.hpp): roles::clusters (device/roles_clusters.hpp, SyncKV) and
+// roles::stars (device/roles_stars.hpp, HeteroCache). Each derives from device_roles_base and
+// gives the body its slot_state (prompt_end, steps, n, roles) and slots_, and
+//   reads_step_query                    whether after_attention reads the step's queries
+//   begin(m, layer, chunk, s, slot)     a prompt's end (s.prompt_end, s.n set): budgets, placement
+//   installed_length(m, s, r, layer, h) KV head h's tier length once this step's install ran
+//   begin_step(m, layer, token)         before the token is appended: the recorded install, ...
+//   refreshing(layer)                   whether a head of the layer can refresh
+//   end_round(s) / fire(m, layer, token)  after a step: clear the last round; the trigger fired
+//   refreshes()                         the refreshes so far
+template <class Roles, Element T, thrust::DeviceExec E, class Recipe>
+class device_roles {
+  static_assert(sizeof(Roles) == 0,
+                "kvsift::method on a device exec: the device deferred_recall state runs "
+                "roles::clusters (SyncKV) and roles::stars (HeteroCache)");
+};
+
+// What both halves hold: the shape, the per-layer budgets, the decode step (device_two_tier).
+template <Element T, thrust::DeviceExec E>
+class device_roles_base {
+ protected:
+  template <class M>
+  explicit device_roles_base(const M& m)
+      : exec_(m.store().exec()),
+        H_(m.store().shape().kv_heads),
+        G_(m.store().shape().q_heads / m.store().shape().kv_heads),
+        d_(m.store().shape().head_dim),
+        cap_(m.store().tier_capacity()),
+        layers_(m.store().shape().layers),
+        layer_budgets_(static_cast<std::size_t>(layers_), -1),
+        step_(m.store(), detail::far_policy_of(m.parameters())) {}
+
+  E exec_;
+  int H_, G_, d_, cap_, layers_;
+  std::vector<int> layer_budgets_;  // -1 before any prefill
+  bool skip_installs_ = false;      // tests only (debug_skip_installs)
+  device_two_tier<T, E> step_;      // the decode step's append, plan and attention
 };
 
 }  // namespace kvsift::detail

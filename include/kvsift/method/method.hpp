@@ -81,8 +81,7 @@ class method : public detail::interface_of<Recipe_, method<Store_, Recipe_, Exec
                 "store (device/evict.hpp and device/sparse_read.hpp give schedule::evict and "
                 "schedule::sparse_read their device halves over a thrust::dense_store or "
                 "thrust::paged_store; "
-                "device/deferred_recall.hpp, "
-                "device/deferred_recall_stars.hpp and device/speculative.hpp run SyncKV's and "
+                "device/deferred_recall.hpp and device/speculative.hpp run SyncKV's and "
                 "HeteroCache's schedule::deferred_recall and FreeKV's schedule::speculative over "
                 "a thrust::tiered_store)");
   static_assert(schedule_tag::tiers == 1 || TieredStore<Store_> || DeviceTieredStore<Store_>,

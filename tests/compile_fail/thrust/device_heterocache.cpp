@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // HeteroCache's schedule (deferred_recall) has two tiers: over a one-tier device store
 // (thrust::dense_store) method<> says it needs a two-tier one (thrust::tiered_store on a device
-// exec: device/deferred_recall_stars.hpp, kvsift::heterocache<T, E>).
+// exec: device/deferred_recall.hpp, kvsift::heterocache<T, E>).
 // expect-error: a two-tier schedule \(deferred_recall, speculative\) needs a two-tier store
 #include <kvsift/device/all.hpp>
 #include <kvsift/method/heterocache.hpp>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The device state of roles::stars (device/deferred_recall_stars.hpp) mirrors HeteroCache's
+// The device half of roles::stars (device/roles_stars.hpp) mirrors HeteroCache's
 // recipe only: roles::stars under another trigger (here trigger::stride instead of the drift
 // check) over a thrust::tiered_store says so.
 // expect-error: the device deferred_recall state of roles::stars is HeteroCache's recipe

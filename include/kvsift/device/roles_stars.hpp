@@ -1,37 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::deferred_recall over a device store for HeteroCache's roles::stars: the state
-// method<thrust::tiered_store<T, E>, heterocache_recipe, E> runs (the host state is
-// method/schedule/deferred_recall.hpp with roles/stars.hpp; device/deferred_recall.hpp is the
-// same schedule's Thrust mirror for SyncKV's roles::clusters).
+// roles::stars over device memory (HeteroCache): the content half that schedule::deferred_recall's
+// one device body (device/deferred_recall.hpp) calls for method<thrust::tiered_store<T, E>,
+// heterocache_recipe, E>, as the host body calls roles/stars.hpp.
 //
-//   kvsift::thrust::sim_arena arena;
-//   kvsift::exec::sim_cpp e{arena};
-//   kvsift::thrust::tiered_store<float, kvsift::exec::sim_cpp> st(e, shape, requests, 4096, 4096);
-//   kvsift::heterocache<float, kvsift::exec::sim_cpp> m(st, params);  // heterocache_recipe's
-//   m.prefill(layer, chunk);                 // chunk views in E's memory
-//   const auto& plan = m.decode(layer, tokens);   // thrust::device_plan (slots are tier slots)
-//   m.attend(layer, tokens, out);            // queries and out in E's memory
-//   m.after_attention(layer, tokens);
-//
-// Contract: the host state's semantics (METHODS.md "HeteroCache"): the same plans (as
-// positions), drift checks and events, references and resident tokens. Shapes are computed on the
-// host, contents stay on the device; both drift outcomes have the same shapes, so nothing is read
-// back, and what is decided after step t is installed at the request's next decode on the layer.
-// Every buffer is allocated at construction; a decode step uploads descriptors and reads nothing
-// back. Accessors that read device data (refreshes(), rows_recalled(), recall_pending(),
-// drift_median(), drifted(), reference(), stats()) make one counted read each: call them outside
-// a step. The steps, capacities and cost: docs/architecture.md, "Design notes from the headers".
+// Contract: the host's semantics (METHODS.md "HeteroCache"): the same plans (as positions), drift
+// checks and events, references and resident tokens. Shapes are computed on the host, contents
+// stay on the device; both drift outcomes have the same shapes, so nothing is read back, and what
+// is decided after step t is installed at the request's next decode on the layer. Every buffer is
+// allocated at construction; a decode step uploads descriptors and reads nothing back. Accessors
+// that read device data (refreshes(), rows_recalled(), recall_pending(), drift_median(),
+// drifted(), reference(), stats()) make one counted read each: call them outside a step. The
+// steps, capacities and cost: docs/architecture.md, "Design notes from the headers".
 
 #include <kvsift/budget/inverse_stability.hpp>
 #include <kvsift/concepts.hpp>
 #include <kvsift/core/error.hpp>
-#include <kvsift/device/deferred_recall.hpp>
+#include <kvsift/device/roles_clusters.hpp>
 #include <kvsift/device/two_tier.hpp>
 #include <kvsift/method/heterocache.hpp>
 #include <kvsift/method/lifecycle.hpp>
-#include <kvsift/method/schedule/deferred_recall.hpp>
 #include <kvsift/roles/stars.hpp>
 #include <kvsift/thrust/drift_median.hpp>
 #include <kvsift/thrust/exec.hpp>
@@ -205,14 +194,12 @@ struct stars_targets_fn {
 
 }  // namespace kvsift::thrust::detail
 
-namespace kvsift {
+namespace kvsift::detail {
 
 template <Element T, thrust::DeviceExec E, class Recipe>
-  requires std::is_same_v<typename Recipe::roles, roles::stars>
-class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
-  using Store = thrust::tiered_store<T, E>;
+class device_roles<roles::stars, T, E, Recipe> : public device_roles_base<T, E> {
+  using chunk_type = prefill_chunk<T, typename E::memory_space>;
   using space = typename E::memory_space;
-  using chunk_type = prefill_chunk<T, space>;
   using role = calibrate::head_role;
   static_assert(std::is_same_v<typename Recipe::scorer, score::last_query_attention> &&
                     std::is_same_v<typename Recipe::selector, select::topk> &&
@@ -220,8 +207,19 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
                 "kvsift::method on a device exec: the device deferred_recall state of roles::stars "
                 "is HeteroCache's recipe (last_query_attention, topk, drift_median)");
 
+ protected:  // what the body reads of device_roles_base
+  using base = device_roles_base<T, E>;
+  using base::exec_;
+  using base::H_;
+  using base::G_;
+  using base::d_;
+  using base::cap_;
+  using base::layers_;
+  using base::layer_budgets_;
+  using base::skip_installs_;
+  using base::step_;
+
  public:
-  using plan_type = thrust::device_plan;
   // What the heterocache interface reads of a placed (request, layer) (host arithmetic).
   struct roles_view {
     int base = 0;          // the reference sets' size
@@ -238,92 +236,6 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     roles_view roles{};
   };
 
-  template <class R>
-  static constexpr capabilities caps{
-      .changes_physical_length = true,
-      .safe_with_shared_prefix = false,
-      .needs_queries = true,
-      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
-      .speculative_decoding = false,
-  };
-  static constexpr bool after_attention_reads_queries = false;  // decode() keeps q_t
-
-  template <class M>
-  explicit state(const M& m)
-      : exec_(m.store().exec()),
-        H_(m.store().shape().kv_heads),
-        G_(m.store().shape().q_heads / m.store().shape().kv_heads),
-        d_(m.store().shape().head_dim),
-        cap_(m.store().tier_capacity()),
-        layers_(m.store().shape().layers),
-        W_(m.parts().trigger.p.window),
-        slots_(static_cast<std::size_t>(m.store().requests()) * layers_),
-        layer_budgets_(static_cast<std::size_t>(layers_), -1),
-        info_(layout(m.parts().roles, m.store().shape().layers)),
-        pmax_(max_of(info_, [](const layer_info& l) { return static_cast<int>(l.pivots.size()); })),
-        fmax_(max_of(info_,
-                     [](const layer_info& l) { return static_cast<int>(l.satellites.size()); })),
-        rows_(std::max(H_, pmax_ * W_)),
-        takes_(std::max(H_ + pmax_, pmax_ * W_ + fmax_)),
-        keys_pk_(exec_, per() * d_),
-        pos_pk_(exec_, per()),
-        qg_(exec_, static_cast<std::size_t>(H_) * G_ * d_),
-        qpos_(exec_, 1),
-        ring_(exec_, slots_.size() * ring_per()),
-        scores_(exec_, rows_ * static_cast<std::size_t>(cap_)),
-        score_ws_(exec_, std::max(thrust::query_attention_workspace_bytes(
-                                      static_cast<std::int64_t>(per()), G_, 1),
-                                  thrust::query_attention_workspace_bytes(
-                                      static_cast<std::int64_t>(pmax_) * cap_, G_, W_))),
-        drift_ws_(exec_, thrust::drift_medians_workspace_bytes(pmax_, W_)),
-        off_a_(exec_, rows_ + 1),
-        off_b_(exec_, rows_ + 1),
-        sort_keys_(exec_, rows_ * static_cast<std::size_t>(cap_)),
-        sort_items_(exec_, rows_ * static_cast<std::size_t>(cap_)),
-        flags_(exec_, takes_ * static_cast<std::size_t>(cap_)),
-        picked_(exec_, takes_ * static_cast<std::size_t>(cap_)),
-        desc_(exec_,
-              (takes_ + static_cast<std::size_t>(fmax_)) * thrust::detail::stars_take_fields),
-        reference_(exec_, slots_.size() * pivot_per()),
-        next_reference_(exec_, slots_.size() * pivot_per()),
-        median_(exec_, slots_.size() * static_cast<std::size_t>(pmax_)),
-        drift_(exec_, slots_.size() * static_cast<std::size_t>(pmax_)),
-        parts_(exec_, slots_.size() * satellite_per()),
-        missing_(exec_, static_cast<std::size_t>(fmax_)),
-        counters_(exec_, 2),
-        target_offsets_(exec_, static_cast<std::size_t>(fmax_) + 1),
-        targets_(exec_, satellite_per()),
-        heads_d_(exec_, static_cast<std::size_t>(layers_ + 1) * H_),
-        step_(m.store(), detail::far_policy_of(m.parameters())) {
-    // per layer its pivots (monitored first) at l * H; every head 0..H-1 at layers * H
-    std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_ + 1) * H_, 0);
-    for (int l = 0; l < layers_; ++l) {
-      std::copy(info_[l].pivots.begin(), info_[l].pivots.end(),
-                heads.begin() + static_cast<std::ptrdiff_t>(l) * H_);
-    }
-    for (int h = 0; h < H_; ++h) heads[static_cast<std::size_t>(layers_) * H_ + h] = h;
-    thrust::copy_to_device(exec_, std::span<const std::int32_t>(heads), heads_d_);
-    const auto policy = exec_.policy();
-    ::thrust::fill_n(policy, counters_.data(), 2, std::int64_t{0});
-    // warm the rankings' fixed-size sorts once per size (their scratch then comes from the
-    // arena's cache in every step)
-    std::vector<std::int64_t> done;
-    for (int l = 0; l <= layers_; ++l) {
-      const std::int64_t N =
-          static_cast<std::int64_t>(l < layers_ ? info_[l].monitored * W_ : H_) * cap_;
-      if (N == 0 || std::find(done.begin(), done.end(), N) != done.end()) continue;
-      done.push_back(N);
-      ::thrust::fill_n(policy, sort_keys_.data(), N, std::uint64_t{0});
-      ::thrust::fill_n(policy, sort_items_.data(), N, 0);
-      ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N,
-                                   sort_items_.data());
-    }
-  }
-  state(state&&) noexcept = default;
-
-  [[nodiscard]] int steps(std::size_t slot) const { return slots_[slot].steps; }
-  [[nodiscard]] const slot_state& at(std::size_t slot) const { return slots_[slot]; }
-  [[nodiscard]] bool recall_in_flight(std::size_t) const { return false; }  // a lazy copy queue
   // A check's record not installed yet (host shadow: after every check, drift or not).
   [[nodiscard]] bool recorded(std::size_t slot) const { return slots_[slot].recorded; }
   // As the host's: a recorded retrieval of which some pivot drifted. Reads the check's drift
@@ -370,132 +282,121 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   [[nodiscard]] const std::vector<int>& satellites(int layer) const {
     return info_[layer].satellites;
   }
-  // Tests only: while true, decode() does not install recorded recalls (they stay recorded and
-  // the satellites keep their old rows: stale, as a forgotten install would leave them). The next
-  // check still installs a recorded one first (decisions apply in order).
-  void debug_skip_installs(bool skip) { skip_installs_ = skip; }
 
-  // The host state's chunk checks plus room in the device tier (detail::device_two_tier).
+ protected:
   template <class M>
-  void check_chunk(const M& m, std::string_view where, int layer, const chunk_type& c,
-                   prefill_totals& tot) const {
-    step_.check_chunk(m.store(), where, Recipe::paper, layer, c, tot,
-                      slots_[m.slot(c.request, layer)].prompt_end < 0);
-  }
-  template <class M>
-  void check_prefill(const M& m, std::string_view where, int layer,
-                     std::span<const chunk_type> chunks, const prefill_totals& tot) const {
-    for (const auto& c : chunks) {
-      if (c.last) {
-        m.parts().roles.check_prompt(
-            where, m.store().host_length(c.request, layer) + tot.added[c.request], m.parts().budgeter);
-      }
+  explicit device_roles(const M& m)
+      : base(m),
+        W_(m.parts().trigger.p.window),
+        info_(layout(m.parts().roles, m.store().shape().layers)),
+        pmax_(max_of(info_, [](const layer_info& l) { return static_cast<int>(l.pivots.size()); })),
+        fmax_(max_of(info_,
+                     [](const layer_info& l) { return static_cast<int>(l.satellites.size()); })),
+        rows_(std::max(H_, pmax_ * W_)),
+        takes_(std::max(H_ + pmax_, pmax_ * W_ + fmax_)),
+        slots_(static_cast<std::size_t>(m.store().requests()) * layers_),
+        keys_pk_(exec_, per() * d_),
+        pos_pk_(exec_, per()),
+        qg_(exec_, static_cast<std::size_t>(H_) * G_ * d_),
+        qpos_(exec_, 1),
+        ring_(exec_, slots_.size() * ring_per()),
+        scores_(exec_, rows_ * static_cast<std::size_t>(cap_)),
+        score_ws_(exec_, std::max(thrust::query_attention_workspace_bytes(
+                                      static_cast<std::int64_t>(per()), G_, 1),
+                                  thrust::query_attention_workspace_bytes(
+                                      static_cast<std::int64_t>(pmax_) * cap_, G_, W_))),
+        drift_ws_(exec_, thrust::drift_medians_workspace_bytes(pmax_, W_)),
+        off_a_(exec_, rows_ + 1),
+        off_b_(exec_, rows_ + 1),
+        sort_keys_(exec_, rows_ * static_cast<std::size_t>(cap_)),
+        sort_items_(exec_, rows_ * static_cast<std::size_t>(cap_)),
+        flags_(exec_, takes_ * static_cast<std::size_t>(cap_)),
+        picked_(exec_, takes_ * static_cast<std::size_t>(cap_)),
+        desc_(exec_,
+              (takes_ + static_cast<std::size_t>(fmax_)) * thrust::detail::stars_take_fields),
+        reference_(exec_, slots_.size() * pivot_per()),
+        next_reference_(exec_, slots_.size() * pivot_per()),
+        median_(exec_, slots_.size() * static_cast<std::size_t>(pmax_)),
+        drift_(exec_, slots_.size() * static_cast<std::size_t>(pmax_)),
+        parts_(exec_, slots_.size() * satellite_per()),
+        missing_(exec_, static_cast<std::size_t>(fmax_)),
+        counters_(exec_, 2),
+        target_offsets_(exec_, static_cast<std::size_t>(fmax_) + 1),
+        targets_(exec_, satellite_per()),
+        heads_d_(exec_, static_cast<std::size_t>(layers_ + 1) * H_) {
+    // per layer its pivots (monitored first) at l * H; every head 0..H-1 at layers * H
+    std::vector<std::int32_t> heads(static_cast<std::size_t>(layers_ + 1) * H_, 0);
+    for (int l = 0; l < layers_; ++l) {
+      std::copy(info_[l].pivots.begin(), info_[l].pivots.end(),
+                heads.begin() + static_cast<std::ptrdiff_t>(l) * H_);
+    }
+    for (int h = 0; h < H_; ++h) heads[static_cast<std::size_t>(layers_) * H_ + h] = h;
+    thrust::copy_to_device(exec_, std::span<const std::int32_t>(heads), heads_d_);
+    const auto policy = exec_.policy();
+    ::thrust::fill_n(policy, counters_.data(), 2, std::int64_t{0});
+    // warm the rankings' fixed-size sorts once per size (their scratch then comes from the
+    // arena's cache in every step)
+    std::vector<std::int64_t> done;
+    for (int l = 0; l <= layers_; ++l) {
+      const std::int64_t N =
+          static_cast<std::int64_t>(l < layers_ ? info_[l].monitored * W_ : H_) * cap_;
+      if (N == 0 || std::find(done.begin(), done.end(), N) != done.end()) continue;
+      done.push_back(N);
+      ::thrust::fill_n(policy, sort_keys_.data(), N, std::uint64_t{0});
+      ::thrust::fill_n(policy, sort_items_.data(), N, 0);
+      ::thrust::stable_sort_by_key(policy, sort_keys_.data(), sort_keys_.data() + N,
+                                   sort_items_.data());
     }
   }
+  device_roles(device_roles&&) noexcept = default;
 
-  template <class M>
-  void prefill(M& m, int layer, std::span<const chunk_type> chunks) {
-    auto& st = m.store();
-    for (const auto& c : chunks) {
-      st.append(c.request, layer, c.keys, c.values, c.first_position);
-      if (!c.last) continue;
-      const auto k = m.slot(c.request, layer);
-      auto& s = slots_[k];
-      s = {};
-      s.prompt_end = st.next_position(c.request, layer);
-      s.n = st.host_length(c.request, layer);
-      s.layer = layer;
-      const auto b = m.parts().budgeter.caps(H_, s.n);  // the recipe's budgeter
-      s.roles.base = b.base;
-      s.roles.cap.assign(b.cap.begin() + static_cast<std::ptrdiff_t>(layer) * H_,
-                         b.cap.begin() + static_cast<std::ptrdiff_t>(layer + 1) * H_);
-      layer_budgets_[layer] = b.base;
-      place(m, layer, c, s, k);
-    }
-  }
+  static constexpr bool reads_step_query = false;  // decode() keeps q_t in the window ring
 
+  // A prompt's end: the inverse-stability caps, then the placement.
   template <class M>
-  void check_decode(const M& m, std::string_view where, int layer,
-                    std::span<const decode_token<T>> tokens) const {
-    const auto& st = m.store();
-    const auto& sh = st.shape();
-    for (const auto& t : tokens) {
-      const auto& s = slots_[m.slot(t.request, layer)];
-      require(s.prompt_end >= 0, where, "request", t.request,
-              "a request whose prompt ended on this layer (prefill with last = true first)");
-      require(st.host_length(t.request, layer) < st.host_capacity(), where, "request", t.request,
-              "a head-sequence with room for one more token in the host pool");
-      for (int h = 0; h < H_; ++h) {  // an install keeps each satellite's length
-        require(st.length(sh.sequence(t.request, layer, h)) < cap_, where, "request", t.request,
-                "room for one more token in the device tier of each KV head (tier_capacity " +
-                    std::to_string(cap_) + ")");
-      }
-    }
+  void begin(M& m, int layer, const chunk_type& c, slot_state& s, std::size_t slot) {
+    s.layer = layer;
+    const auto b = m.parts().budgeter.caps(H_, s.n);  // the recipe's budgeter
+    s.roles.base = b.base;
+    s.roles.cap.assign(b.cap.begin() + static_cast<std::ptrdiff_t>(layer) * H_,
+                       b.cap.begin() + static_cast<std::ptrdiff_t>(layer + 1) * H_);
+    layer_budgets_[layer] = b.base;
+    place(m, layer, c, s, slot);
   }
+  template <class M>  // an install keeps each satellite's length
+  [[nodiscard]] int installed_length(const M& m, const slot_state&, int request, int layer,
+                                     int h) const {
+    return m.store().length(m.store().shape().sequence(request, layer, h));
+  }
+  // The recorded install, then q_t's groups of the monitored pivots into the window ring.
+  template <class M>
+  void begin_step(M& m, int layer, const decode_token<T>& t) {
+    if (!skip_installs_) install(m, layer, t.request);
+    const std::int64_t groups = static_cast<std::int64_t>(info_[layer].monitored) * G_ * d_;
+    if (groups == 0) return;
+    const auto k = m.slot(t.request, layer);
+    ::thrust::for_each_n(
+        exec_.policy(), ::thrust::counting_iterator<std::int64_t>(0), groups,
+        thrust::detail::gather_query_groups_fn<space>{
+            kv_view<const float, nhd, space>::contiguous(t.query, 1, H_ * G_, d_), 0,
+            heads_d_.data() + static_cast<std::size_t>(layer) * H_, G_,
+            ring_.data() + k * ring_per() +
+                static_cast<std::size_t>(slots_[k].steps % W_) * groups});
+  }
+  [[nodiscard]] bool refreshing(int layer) const { return info_[layer].monitored > 0; }
+  static void end_round(slot_state& s) { s.checked = false; }
+  template <class M>
+  void fire(M& m, int layer, const decode_token<T>& t) { check(m, layer, t.request); }
 
-  template <class M>
-  void decode(M& m, int layer, std::span<const decode_token<T>> tokens, plan_type& plan) {
-    for (const auto& t : tokens) {
-      if (!skip_installs_) install(m, layer, t.request);
-    }
-    const auto& li = info_[layer];
-    const std::int64_t groups = static_cast<std::int64_t>(li.monitored) * G_ * d_;
-    for (const auto& t : tokens) {
-      const auto k = m.slot(t.request, layer);
-      auto& s = slots_[k];
-      if (groups > 0) {  // q_t's groups of the monitored pivots into the window ring
-        ::thrust::for_each_n(
-            exec_.policy(), ::thrust::counting_iterator<std::int64_t>(0), groups,
-            thrust::detail::gather_query_groups_fn<space>{
-                kv_view<const float, nhd, space>::contiguous(t.query, 1, H_ * G_, d_), 0,
-                heads_d_.data() + static_cast<std::size_t>(layer) * H_, G_,
-                ring_.data() + k * ring_per() + static_cast<std::size_t>(s.steps % W_) * groups});
-      }
-      ++s.steps;
-    }
-    step_.append_and_plan(m.store(), layer, tokens, plan);
-  }
-
-  // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
-  template <class M>
-  void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    step_.attend(m.store(), layer, tokens, m.plan(), out);
-  }
-
-  template <class M>
-  void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
-    const auto& trig = m.parts().trigger;
-    const bool any = info_[layer].monitored > 0;
-    for (const auto& t : tokens) {
-      auto& s = slots_[m.slot(t.request, layer)];
-      s.checked = false;
-      const trigger_context ctx{lifecycle_event::decode_step, s.steps, 0, 0, 0};
-      if (!any || !trig.fires(ctx)) continue;
-      check(m, layer, t.request);
-    }
-  }
-
-  template <class M>
-  void reset(M& m, int request) {
-    for (int l = 0; l < layers_; ++l) slots_[m.slot(request, l)] = {};
-    m.store().reset(request);
-  }
-  // Reads back the store's copied rows and the drift events (two counted D2H reads).
-  template <class M>
-  void stats(const M& m, method_stats& s) const {
-    s.bytes_transferred = m.store().bytes_to_device();
-    s.far_rows = step_.far_rows();
-    s.far_overlaps = step_.far_overlaps();
-    s.refreshes = refreshes();
-    s.stalls = 0;
-    s.layer_budgets = layer_budgets_;
-  }
-  template <class M>
-  void release(M&) {}
-
- private:
   // Each layer's monitored pivots and satellites: the roles' shape half (roles::stars::layout).
   using layer_info = roles::stars::layer_layout;
+  int W_;
+  std::vector<layer_info> info_;  // [layers]
+  int pmax_, fmax_;               // the most pivots, monitored pivots' satellites of a layer
+  std::size_t rows_, takes_;      // the most ranked rows and takes of a prefill or a check
+  std::vector<slot_state> slots_;  // [requests * layers]
+
+ private:
   static std::vector<layer_info> layout(const roles::stars& r, int layers) {
     std::vector<layer_info> out;
     for (int l = 0; l < layers; ++l) out.push_back(r.layout(l));
@@ -722,15 +623,7 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
     s.recorded = false;
   }
 
-  E exec_;
-  int H_, G_, d_, cap_, layers_, W_;
-  std::vector<slot_state> slots_;  // [requests * layers]
-  std::vector<int> layer_budgets_;
-  std::vector<layer_info> info_;  // [layers]
-  int pmax_, fmax_;               // the most pivots, monitored pivots' satellites of a layer
-  std::size_t rows_, takes_;      // the most ranked rows and takes of a prefill or a check
   std::int64_t checks_ = 0;
-  bool skip_installs_ = false;
   // E memory, allocated once
   thrust::buffer<T, E> keys_pk_;
   thrust::buffer<std::int32_t, E> pos_pk_;
@@ -750,11 +643,10 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe> {
   thrust::buffer<std::int64_t, E> counters_;  // drift events, rows recalled
   thrust::buffer<std::int32_t, E> target_offsets_, targets_;
   thrust::buffer<std::int32_t, E> heads_d_;
-  detail::device_two_tier<T, E> step_;  // the decode step's append, plan and attention
   // host scratch
   std::vector<std::int64_t> seqs_;
   std::vector<int> counts_;
   std::vector<std::int32_t> desc_host_, offsets_host_;
 };
 
-}  // namespace kvsift
+}  // namespace kvsift::detail
