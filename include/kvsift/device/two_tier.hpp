@@ -22,7 +22,7 @@
 // store's requests and tier capacity.
 //
 // The far-tier policy (far_tier, method/lifecycle.hpp) is applied here, in the one place the three
-// device states install and attend through:
+// methods install and attend through on a device:
 //   recall  an install copies the missing rows from the pool into the tier; the library's
 //           attention (thrust::attention_over) runs over the plan. One attention per request.
 //   attend  an install places the missing positions in far slots and copies nothing
