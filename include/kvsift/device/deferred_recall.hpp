@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// schedule::deferred_recall over a device store: the one device body of SyncKV and HeteroCache,
-// method<thrust::tiered_store<T, E>, Recipe, E>. The host body is
-// method/schedule/deferred_recall.hpp; this one has the same control flow and calls the roles'
-// device content half (detail::device_roles: device/roles_clusters.hpp for roles::clusters,
-// device/roles_stars.hpp for roles::stars) where the host body calls roles/.
+// schedule::deferred_recall over a device store: the content that the schedule's one body
+// (method/schedule/deferred_recall.hpp) calls when SyncKV or HeteroCache runs as
+// method<thrust::tiered_store<T, E>, Recipe, E>: the roles' device halves
+// (detail::device_roles: device/roles_clusters.hpp for roles::clusters, device/roles_stars.hpp
+// for roles::stars) behind the calls that reach roles/ and the recall queue on the host.
 //
 //   kvsift::thrust::sim_arena arena;
 //   kvsift::exec::sim_cpp e{arena};
@@ -38,79 +38,36 @@
 #include <string>
 #include <string_view>
 
-namespace kvsift {
+namespace kvsift::detail {
 
 template <Element T, thrust::DeviceExec E, class Recipe>
-class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe>
-    : public detail::device_roles<typename Recipe::roles, T, E, Recipe> {
-  using content = detail::device_roles<typename Recipe::roles, T, E, Recipe>;
-  using chunk_type = prefill_chunk<T, typename E::memory_space>;
-  using content::slots_;
-  using content::step_;
+class deferred_recall_content<thrust::tiered_store<T, E>, Recipe>
+    : public device_roles<typename Recipe::roles, T, E, Recipe> {
+  using half = device_roles<typename Recipe::roles, T, E, Recipe>;
 
  public:
   using plan_type = thrust::device_plan;
-  using typename content::slot_state;
+  using typename half::slot_state;
 
-  template <class R>
-  static constexpr capabilities caps{
-      .changes_physical_length = true,
-      .safe_with_shared_prefix = false,
-      .needs_queries = true,
-      .cuda_graph_safe = false,  // the laws hold on exec::sim; exec::cuda captures no step yet
-      .speculative_decoding = false,
-  };
-  static constexpr bool after_attention_reads_queries = content::reads_step_query;
-
-  template <class M>
-  explicit state(const M& m) : content(m) {}
-  state(state&&) noexcept = default;
-
-  [[nodiscard]] int steps(std::size_t slot) const { return slots_[slot].steps; }
-  [[nodiscard]] const slot_state& at(std::size_t slot) const { return slots_[slot]; }
   [[nodiscard]] bool recall_in_flight(std::size_t) const { return false; }  // a lazy copy queue
   // Tests only: while true, decode() does not install recorded recalls (they stay pending and the
   // affected heads keep their old rows: stale, as a forgotten install would leave them). The next
   // refresh still installs a pending one first (decisions apply in order).
   void debug_skip_installs(bool skip) { this->skip_installs_ = skip; }
 
-  // The host state's chunk checks plus room in the device tier (detail::device_two_tier).
+  // The host body's chunk checks plus room in the device tier (detail::device_two_tier).
   template <class M>
-  void check_chunk(const M& m, std::string_view where, int layer, const chunk_type& c,
-                   prefill_totals& tot) const {
-    step_.check_chunk(m.store(), where, Recipe::paper, layer, c, tot,
-                      slots_[m.slot(c.request, layer)].prompt_end < 0);
+  void check_chunk(const M& m, std::string_view where, int layer,
+                   const typename M::chunk_type& c, prefill_totals& tot) const {
+    this->step_.check_chunk(m.store(), where, Recipe::paper, layer, c, tot,
+                            this->slots_[m.slot(c.request, layer)].prompt_end < 0);
   }
-  template <class M>
-  void check_prefill(const M& m, std::string_view where, int layer,
-                     std::span<const chunk_type> chunks, const prefill_totals& tot) const {
-    for (const auto& c : chunks) {
-      const int n = m.store().host_length(c.request, layer) + tot.added[c.request];
-      if (c.last) m.parts().roles.check_prompt(where, n, m.parts().budgeter);
-    }
-  }
-  template <class M>
-  void prefill(M& m, int layer, std::span<const chunk_type> chunks) {
-    auto& st = m.store();
-    for (const auto& c : chunks) {
-      st.append(c.request, layer, c.keys, c.values, c.first_position);
-      if (!c.last) continue;
-      const auto k = m.slot(c.request, layer);
-      auto& s = slots_[k];
-      s = {};
-      s.prompt_end = st.next_position(c.request, layer);
-      s.n = st.host_length(c.request, layer);
-      m.history().clear(k);
-      this->begin(m, layer, c, s, k);
-    }
-  }
-
   template <class M>
   void check_decode(const M& m, std::string_view where, int layer,
                     std::span<const decode_token<T>> tokens) const {
     const auto& st = m.store();
     for (const auto& t : tokens) {
-      const auto& s = slots_[m.slot(t.request, layer)];
+      const auto& s = this->slots_[m.slot(t.request, layer)];
       require(s.prompt_end >= 0, where, "request", t.request,
               "a request whose prompt ended on this layer (prefill with last = true first)");
       require(st.host_length(t.request, layer) < st.host_capacity(), where, "request", t.request,
@@ -123,47 +80,52 @@ class schedule::deferred_recall::state<thrust::tiered_store<T, E>, Recipe>
       }
     }
   }
-  template <class M>
-  void decode(M& m, int layer, std::span<const decode_token<T>> tokens, plan_type& plan) {
-    for (const auto& t : tokens) {
-      this->begin_step(m, layer, t);
-      ++slots_[m.slot(t.request, layer)].steps;
-    }
-    step_.append_and_plan(m.store(), layer, tokens, plan);
-  }
   // The library's attention over the step's plan: out [tokens, q_heads, d] in E memory.
   template <class M>
   void attend(const M& m, int layer, std::span<const decode_token<T>> tokens, float* out) const {
-    step_.attend(m.store(), layer, tokens, m.plan(), out);
-  }
-  template <class M>
-  void after_attention(M& m, int layer, std::span<const decode_token<T>> tokens) {
-    const bool any = this->refreshing(layer);
-    for (const auto& t : tokens) {
-      auto& s = slots_[m.slot(t.request, layer)];
-      content::end_round(s);
-      const trigger_context ctx{lifecycle_event::decode_step, s.steps, 0, 0, 0};
-      if (any && m.parts().trigger.fires(ctx)) this->fire(m, layer, t);
-    }
-  }
-
-  template <class M>
-  void reset(M& m, int request) {
-    for (int l = 0; l < this->layers_; ++l) slots_[m.slot(request, l)] = {};
-    m.store().reset(request);
+    this->step_.attend(m.store(), layer, tokens, m.plan(), out);
   }
   // Reads back the store's copied rows (and HeteroCache's drift events): counted D2H reads.
   template <class M>
   void stats(const M& m, method_stats& s) const {
     s.bytes_transferred = m.store().bytes_to_device();
-    s.far_rows = step_.far_rows();
-    s.far_overlaps = step_.far_overlaps();
+    s.far_rows = this->step_.far_rows();
+    s.far_overlaps = this->step_.far_overlaps();
     s.refreshes = this->refreshes();
     s.stalls = 0;
     s.layer_budgets = this->layer_budgets_;
   }
   template <class M>
   void release(M&) {}
+
+ protected:
+  template <class M>
+  explicit deferred_recall_content(const M& m) : half(m) {}
+  deferred_recall_content(deferred_recall_content&&) noexcept = default;
+
+  template <class M>
+  void begin(M& m, int layer, std::span<const typename M::chunk_type> chunks) {
+    for (const auto& c : chunks) {
+      if (!c.last) continue;
+      const auto k = m.slot(c.request, layer);
+      this->slots_[k].n = m.store().host_length(c.request, layer);
+      half::begin(m, layer, c, this->slots_[k], k);
+    }
+  }
+  template <class M>
+  void append_and_plan(M& m, int layer, std::span<const decode_token<T>> tokens, plan_type& plan) {
+    this->step_.append_and_plan(m.store(), layer, tokens, plan);
+  }
+  template <class M>
+  [[nodiscard]] bool refreshing(const M&, int layer) const { return half::refreshing(layer); }
+  template <class M>
+  static void end_round(const M&, slot_state& s) { half::end_round(s); }
+  template <class M>
+  void fire(M& m, int layer, std::span<const decode_token<T>> firing) {
+    for (const auto& t : firing) half::fire(m, layer, t);
+  }
+  template <class M>
+  void drop(M&, int) {}  // nothing in flight: a recorded recall lives in the slot's state
 };
 
-}  // namespace kvsift
+}  // namespace kvsift::detail

@@ -2,7 +2,7 @@
 #pragma once
 
 // roles::clusters over device memory (SyncKV): the content half that schedule::deferred_recall's
-// one device body (device/deferred_recall.hpp) calls for method<thrust::tiered_store<T, E>,
+// one body calls (through device/deferred_recall.hpp) for method<thrust::tiered_store<T, E>,
 // synckv_recipe, E>, as the host body calls roles/clusters.hpp.
 //
 // Contract: the host's semantics (METHODS.md "SyncKV"): the same plans (as positions), the same

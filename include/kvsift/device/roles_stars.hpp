@@ -2,7 +2,7 @@
 #pragma once
 
 // roles::stars over device memory (HeteroCache): the content half that schedule::deferred_recall's
-// one device body (device/deferred_recall.hpp) calls for method<thrust::tiered_store<T, E>,
+// one body calls (through device/deferred_recall.hpp) for method<thrust::tiered_store<T, E>,
 // heterocache_recipe, E>, as the host body calls roles/stars.hpp.
 //
 // Contract: the host's semantics (METHODS.md "HeteroCache"): the same plans (as positions), drift

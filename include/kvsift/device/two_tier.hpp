@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// What the two-tier schedules' device states share (device/deferred_recall.hpp: SyncKV and
+// What the two-tier schedules' device content shares (device/deferred_recall.hpp: SyncKV and
 // HeteroCache, device/speculative.hpp: FreeKV), as
-// detail::two_tier is for their host states:
+// detail::two_tier is for their host content:
 // a prefill chunk's checks and a decode step over a thrust::tiered_store on a device exec.
 //
 //   detail::device_two_tier<T, E> step(store, far);   // buffers for the store's requests
@@ -13,7 +13,7 @@
 //   step.attend(store, layer, tokens, plan, out);
 //
 // detail::device_roles_base holds what the roles' device halves (device/roles_clusters.hpp,
-// device/roles_stars.hpp) share under schedule::deferred_recall's one device body.
+// device/roles_stars.hpp) share under schedule::deferred_recall's one body.
 //
 // The host appends each request's token through the store (a device copy), packs the step's plan
 // (every token of each KV head's working set, ascending by position: tiered_store::plan_sorted
@@ -392,8 +392,8 @@ class device_two_tier {
   std::vector<std::int32_t> host_positions_;
 };
 
-// The roles' device content halves of schedule::deferred_recall's one device body
-// (device/deferred_recall.hpp): roles::clusters (device/roles_clusters.hpp, SyncKV) and
+// The roles' device content halves that schedule::deferred_recall's one body calls (through
+// device/deferred_recall.hpp): roles::clusters (device/roles_clusters.hpp, SyncKV) and
 // roles::stars (device/roles_stars.hpp, HeteroCache). Each derives from device_roles_base and
 // gives the body its slot_state (prompt_end, steps, n, roles) and slots_, and
 //   reads_step_query                    whether after_attention reads the step's queries
