@@ -212,6 +212,21 @@ void same_answers_far(const fs::path& model_dir, const std::vector<fs::path>& pr
       const auto want = kvsift_test::reads_of(*on_host.last_plan());
       CHECK(on_device.last_plan()->positions.values == want.positions);
       CHECK(on_device.last_plan()->positions.offsets == want.offsets);
+      // the working set as the host holds it, far rows left out (eval's kept_tokens reads it):
+      // every head's length, and the last layer's positions
+      const auto sh = on_host.method().shape();
+      for (int l = 0; l < sh.layers; ++l) {
+        for (int h = 0; h < sh.kv_heads; ++h) {
+          const auto seq = sh.sequence(0, l, h);
+          const int n = on_host.method().length(seq);
+          REQUIRE(on_device.method().length(seq) == n);
+          CHECK(on_device.kept_tokens(l, h) == on_host.kept_tokens(l, h));
+          if (l + 1 < sh.layers) continue;
+          for (int i = 0; i < n; ++i) {
+            CHECK(on_device.method().position(seq, i) == on_host.method().position(seq, i));
+          }
+        }
+      }
     }
   }
   CHECK(far_rows > 0);  // the case reads rows where they lie

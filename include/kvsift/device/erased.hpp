@@ -28,7 +28,9 @@
 //
 // The working-set accessors follow the store: length() and next_position() are host shadows;
 // position(seq, i) is one counted D2H read (a dense store's slot i; a tiered store's i-th
-// resident position, as store::tiered's slot i); key() and value() throw (the rows are not host
+// resident position, as store::tiered's slot i). Once a tiered store holds far slots
+// (far_tier::attend), length() and position() leave them out, as the host's working set does
+// (its far rows are the plan's far part), at three counted D2H reads a call; key() and value() throw (the rows are not host
 // memory, so contiguous_rows() is false and a caller uses attend()). The host lifecycle's checks
 // all hold: views and counts are validated before anything is staged, and the activations'
 // finiteness is checked on the host as the host path does, so a NaN is a kvsift::error with
@@ -199,12 +201,21 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   [[nodiscard]] capabilities caps() const override { return M::caps; }
   [[nodiscard]] const std::string& name() const override { return name_; }
   [[nodiscard]] model_shape shape() const override { return store_->shape(); }
-  [[nodiscard]] int length(std::int64_t seq) const override { return store_->length(seq); }
+  [[nodiscard]] int length(std::int64_t seq) const override {
+    if constexpr (tiered) {
+      if (store_->far_installed()) return static_cast<int>(resident_positions(seq).size());
+    }
+    return store_->length(seq);
+  }
   [[nodiscard]] std::int32_t position(std::int64_t seq, int slot) const override {
     require(seq >= 0 && seq < store_->sequences(), name_ + ".position", "seq", seq,
             "a head-sequence of the store");
-    require(slot >= 0 && slot < store_->length(seq), name_ + ".position", "slot", slot,
-            "< the head-sequence's length (" + std::to_string(store_->length(seq)) + ")");
+    const int n = length(seq);
+    require(slot >= 0 && slot < n, name_ + ".position", "slot", slot,
+            "< the head-sequence's length (" + std::to_string(n) + ")");
+    if constexpr (tiered) {
+      if (store_->far_installed()) return resident_positions(seq)[static_cast<std::size_t>(slot)];
+    }
     std::int32_t p = 0;
     const std::int32_t* at = nullptr;
     if constexpr (tiered) {
@@ -243,6 +254,23 @@ class staged_method final : public any_kv_method<typename M::element_type> {
     } else {
       return std::make_unique<Store>(e, shape, requests, capacity, /*columns=*/1);
     }
+  }
+  // A tiered store's working set of head-sequence seq less its far slots: the positions of its
+  // resident rows, ascending (three counted D2H reads: the plan's slots and positions, the
+  // slots' pool rows).
+  [[nodiscard]] std::vector<std::int32_t> resident_positions(std::int64_t seq) const {
+    const int n = store_->length(seq);
+    const auto row = seq * store_->capacity();
+    std::vector<std::int32_t> slots(static_cast<std::size_t>(n)), at(slots.size()),
+        pool(static_cast<std::size_t>(store_->capacity()));
+    thrust::copy_to_host(exec_, store_->plan_slots() + row, std::span<std::int32_t>(slots));
+    thrust::copy_to_host(exec_, store_->plan_positions() + row, std::span<std::int32_t>(at));
+    thrust::copy_to_host(exec_, store_->slot_pool() + row, std::span<std::int32_t>(pool));
+    std::vector<std::int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      if (pool[static_cast<std::size_t>(slots[i])] < 0) out.push_back(at[i]);
+    }
+    return out;
   }
   // Elements of one token of each request slot: `heads` rows of d each.
   static std::size_t one_token_each(const model_shape& sh, int requests, int heads) {
