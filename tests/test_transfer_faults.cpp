@@ -236,6 +236,65 @@ TEST_CASE("faults: synckv survives a recall whose copy fails", "[faults][synckv]
   CHECK(m.stats().refreshes >= 2);  // the anticipation at step 10 ran and installed
 }
 
+// A batch of two requests, request 1's recall failing: the decode that needs it throws before any
+// request's step is counted, so its retry counts request 0's step once (the schedule completes
+// every recall of a step before it changes anything else).
+TEST_CASE("faults: a failed recall in a batch leaves the other requests' steps to the retry",
+          "[faults][synckv]") {
+  const script a(model_shape{2, 8, 4, 16}, 64, 12, 3), b(model_shape{2, 8, 4, 16}, 64, 12, 4);
+  store_t st(a.sh, 2, a.n + a.steps);
+  kvsift::synckv<float> m(st, synckv_params());
+  const auto token = [](const script& sc, int r, int l, int t) {
+    auto x = sc.token(l, t);
+    x.request = r;
+    return x;
+  };
+  std::vector<float> out(static_cast<std::size_t>(2) * a.sh.q_heads * a.sh.head_dim);
+  for (int l = 0; l < a.sh.layers; ++l) {
+    m.prefill(l, a.prompt(l));
+    auto c = b.prompt(l);
+    c.request = 1;
+    m.prefill(l, c);
+    // request 0 runs one step ahead: at request 1's anticipation (step 5) request 0 is at 6
+    const auto x = token(a, 0, l, 1);
+    (void)m.decode(l, x);
+    m.attend(l, x, out.data());
+    m.after_attention(l, x);
+  }
+  auto& xfer = m.transfer_state();
+  int failed_layer = -1;
+  for (int t = 1; t <= 5; ++t) {
+    for (int l = 0; l < a.sh.layers; ++l) {
+      const std::vector<kvsift::decode_token<float>> both{token(a, 0, l, t + 1), token(b, 1, l, t)};
+      (void)m.decode(l, both);
+      m.attend(l, both, out.data());
+      const auto issued = xfer.stats().recalls_issued;
+      if (t == 5 && failed_layer < 0) xfer.inject(fault::copy_fails);
+      m.after_attention(l, both);
+      if (t == 5 && failed_layer < 0 && xfer.stats().recalls_issued > issued) failed_layer = l;
+      xfer.inject(fault::none);
+    }
+  }
+  REQUIRE(failed_layer >= 0);
+  const int l = failed_layer;
+  const std::vector<kvsift::decode_token<float>> both{token(a, 0, l, 7), token(b, 1, l, 6)};
+  const auto& state = m.schedule_state();
+  const int steps0 = state.steps(m.slot(0, l)), steps1 = state.steps(m.slot(1, l));
+  const int len0 = st.host_length(0, l);
+  for (int ll = 0; ll < l; ++ll) {
+    const std::vector<kvsift::decode_token<float>> ok{token(a, 0, ll, 7), token(b, 1, ll, 6)};
+    (void)m.decode(ll, ok);
+  }
+  CHECK_THROWS_WITH(m.decode(l, both), ContainsSubstring("copy_fails"));
+  REQUIRE_NOTHROW(st.verify());
+  CHECK(state.steps(m.slot(0, l)) == steps0);  // nothing of the step was kept
+  CHECK(st.host_length(0, l) == len0);
+  (void)m.decode(l, both);                       // the retry
+  CHECK(state.steps(m.slot(0, l)) == steps0 + 1);
+  CHECK(state.steps(m.slot(1, l)) == steps1 + 1);
+  REQUIRE_NOTHROW(st.verify());
+}
+
 TEST_CASE("faults: synckv survives a recall whose submit fails", "[faults][synckv]") {
   const script sc(model_shape{2, 8, 4, 16}, 64, 12, 4);
   store_t st(sc.sh, 1, sc.n + sc.steps);

@@ -112,6 +112,10 @@ class deferred_recall_content<thrust::tiered_store<T, E>, Recipe>
       half::begin(m, layer, c, this->slots_[k], k);
     }
   }
+  // A recorded recall is installed by the half's begin_step (device work that raises nothing on
+  // the host), so nothing completes ahead of it.
+  template <class M>
+  void complete(M&, int, const decode_token<T>&) {}
   template <class M>
   void append_and_plan(M& m, int layer, std::span<const decode_token<T>> tokens, plan_type& plan) {
     this->step_.append_and_plan(m.store(), layer, tokens, plan);

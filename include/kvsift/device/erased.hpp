@@ -30,8 +30,9 @@
 // position(seq, i) is one counted D2H read (a dense store's slot i; a tiered store's i-th
 // resident position, as store::tiered's slot i). Once a tiered store holds far slots
 // (far_tier::attend), length() and position() leave them out, as the host's working set does
-// (its far rows are the plan's far part), at three counted D2H reads a call; key() and value() throw (the rows are not host
-// memory, so contiguous_rows() is false and a caller uses attend()). The host lifecycle's checks
+// (its far rows are the plan's far part), at three counted D2H reads a call. key() and value()
+// throw (the rows are not host memory, so contiguous_rows() is false and a caller uses
+// attend()). The host lifecycle's checks
 // all hold: views and counts are validated before anything is staged, and the activations'
 // finiteness is checked on the host as the host path does, so a NaN is a kvsift::error with
 // nothing changed. A tiered store's host pool and device tier both hold `capacity` tokens.
@@ -210,12 +211,18 @@ class staged_method final : public any_kv_method<typename M::element_type> {
   [[nodiscard]] std::int32_t position(std::int64_t seq, int slot) const override {
     require(seq >= 0 && seq < store_->sequences(), name_ + ".position", "seq", seq,
             "a head-sequence of the store");
-    const int n = length(seq);
-    require(slot >= 0 && slot < n, name_ + ".position", "slot", slot,
-            "< the head-sequence's length (" + std::to_string(n) + ")");
+    const auto in_range = [&](int n) {
+      require(slot >= 0 && slot < n, name_ + ".position", "slot", slot,
+              "< the head-sequence's length (" + std::to_string(n) + ")");
+    };
     if constexpr (tiered) {
-      if (store_->far_installed()) return resident_positions(seq)[static_cast<std::size_t>(slot)];
+      if (store_->far_installed()) {
+        const auto resident = resident_positions(seq);
+        in_range(static_cast<int>(resident.size()));
+        return resident[static_cast<std::size_t>(slot)];
+      }
     }
+    in_range(store_->length(seq));
     std::int32_t p = 0;
     const std::int32_t* at = nullptr;
     if constexpr (tiered) {

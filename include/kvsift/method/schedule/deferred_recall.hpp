@@ -61,8 +61,9 @@ namespace detail {
 //   check_chunk / check_decode   the shell's checks of a chunk and of a step
 //   begin(m, layer, chunks)      the prompts that end: the scorer scores their last query, the
 //                                roles place each head, the store retains the result
-//   begin_step(m, layer, token)  before the token is appended: the pending recall completes
-//                                (its decision committed after the install), the query window
+//   complete(m, layer, token)    the pending recall completes (its decision committed after
+//                                the install), every token's before anything else of the step
+//   begin_step(m, layer, token)  before the token is appended: the query window
 //   append_and_plan              the tokens appended, the plan of every resident token
 //   refreshing / end_round       whether a head of the layer can refresh; a step's round ends
 //   fire(m, layer, firing)       the requests whose trigger fired: scored together, refreshed
@@ -163,13 +164,17 @@ class deferred_recall_content {
     for (std::size_t i = 0; i < ended_.size(); ++i) st.retain(ended_[i], layer, kept_[i]);
   }
   template <class M>
-  void begin_step(M& m, int layer, const decode_token<T>& t) {
-    auto& st = m.store();
+  void complete(M& m, int layer, const decode_token<T>& t) {
     const auto k = m.slot(t.request, layer);
     auto& s = slots_[k];
-    pending_.complete(*xfer_, st, k, [&](decision d) { roles_type::commit(s.roles, std::move(d)); });
-    m.history().remember_row(k, m.parts().roles.query_window(m.parts().trigger), t.query,
-                             st.next_position(t.request, layer));
+    pending_.complete(*xfer_, m.store(), k,
+                      [&](decision d) { roles_type::commit(s.roles, std::move(d)); });
+  }
+  template <class M>
+  void begin_step(M& m, int layer, const decode_token<T>& t) {
+    m.history().remember_row(m.slot(t.request, layer),
+                             m.parts().roles.query_window(m.parts().trigger), t.query,
+                             m.store().next_position(t.request, layer));
   }
   template <class M>
   void append_and_plan(M& m, int layer, std::span<const decode_token<T>> tokens,
@@ -319,6 +324,9 @@ class schedule::deferred_recall::state : public detail::deferred_recall_content<
   template <class M>
   void decode(M& m, int layer, std::span<const decode_token<T>> tokens,
               typename M::plan_type& plan) {
+    // every pending recall first: one that fails (a copy fault) throws before any request's
+    // step is counted or its query kept, so the same decode can be retried
+    for (const auto& t : tokens) this->complete(m, layer, t);
     for (const auto& t : tokens) {
       this->begin_step(m, layer, t);
       ++slots_[m.slot(t.request, layer)].steps;
