@@ -55,7 +55,7 @@ class deferred_recall_content<thrust::tiered_store<T, E>, Recipe>
   // refresh still installs a pending one first (decisions apply in order).
   void debug_skip_installs(bool skip) { this->skip_installs_ = skip; }
 
-  // The host body's chunk checks plus room in the device tier (detail::device_two_tier).
+  // The host content's chunk checks plus room in the device tier (detail::device_two_tier).
   template <class M>
   void check_chunk(const M& m, std::string_view where, int layer,
                    const typename M::chunk_type& c, prefill_totals& tot) const {
@@ -65,13 +65,11 @@ class deferred_recall_content<thrust::tiered_store<T, E>, Recipe>
   template <class M>
   void check_decode(const M& m, std::string_view where, int layer,
                     std::span<const decode_token<T>> tokens) const {
-    const auto& st = m.store();
+    two_tier<thrust::tiered_store<T, E>>::check_step(m, where, layer, tokens, [&](int r) {
+      return this->slots_[m.slot(r, layer)].prompt_end >= 0;
+    });
     for (const auto& t : tokens) {
       const auto& s = this->slots_[m.slot(t.request, layer)];
-      require(s.prompt_end >= 0, where, "request", t.request,
-              "a request whose prompt ended on this layer (prefill with last = true first)");
-      require(st.host_length(t.request, layer) < st.host_capacity(), where, "request", t.request,
-              "a head-sequence with room for one more token in the host pool");
       for (int h = 0; h < this->H_; ++h) {
         require(this->installed_length(m, s, t.request, layer, h) < this->cap_, where, "request",
                 t.request,
